@@ -1,0 +1,281 @@
+//! Length-prefixed frames over any async byte stream.
+//!
+//! A frame is a little-endian `u32` payload length followed by the payload (see [`crate::codec`]).
+//! The length is checked against [`Limits::max_frame_bytes`] *before* anything is allocated, so a
+//! peer claiming a 4 GiB frame costs us four bytes of reading and a [`FrameError::TooLarge`].
+//!
+//! After [`FrameError::Decode`] the stream is still in step (the whole frame was consumed), so a
+//! server can answer with an error and keep the connection; every other error leaves the stream
+//! unusable and the connection should be closed.
+
+use serde::{Serialize, de::DeserializeOwned};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+
+use crate::codec::{self, CodecError, HARD_MAX_FRAME_BYTES};
+
+/// Size limits for one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest payload accepted or sent, in bytes (capped at [`HARD_MAX_FRAME_BYTES`]).
+    pub max_frame_bytes: usize,
+}
+
+impl Limits {
+    /// The default limit: 4 MiB, room for an `Acquire` of ~100k block hashes.
+    pub const DEFAULT_MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+
+    /// Limits with `max_frame_bytes`, capped at the hard ceiling.
+    pub fn new(max_frame_bytes: usize) -> Self {
+        Self {
+            max_frame_bytes: max_frame_bytes.clamp(64, HARD_MAX_FRAME_BYTES),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_MAX_FRAME_BYTES)
+    }
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The socket failed.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer closed the connection in the middle of a frame.
+    #[error("connection closed in the middle of a frame")]
+    Truncated,
+    /// The length prefix is over the limit; nothing was allocated and the stream is out of step.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    /// The whole frame was read but its payload is not a valid message (stream still in step).
+    #[error("{0}")]
+    Decode(CodecError),
+    /// A message we were asked to send could not be encoded.
+    #[error("{0}")]
+    Encode(CodecError),
+}
+
+impl FrameError {
+    /// True when the connection can go on after this error (the bad frame was consumed whole).
+    pub fn is_recoverable(&self) -> bool {
+        matches!(self, FrameError::Decode(_))
+    }
+}
+
+/// Reads frames from the receive side of a stream.
+#[derive(Debug)]
+pub struct FrameReader<R> {
+    inner: R,
+    limits: Limits,
+    buf: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// Wraps `inner`.
+    pub fn new(inner: R, limits: Limits) -> Self {
+        Self {
+            inner,
+            limits,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Reads one whole frame's payload. `Ok(None)` is a clean end of stream between frames.
+    /// Not cancel-safe: do not race it in `select!` against other branches; give the reader its
+    /// own task instead.
+    pub async fn read_payload(&mut self) -> Result<Option<&[u8]>, FrameError> {
+        let mut prefix = [0u8; 4];
+        let mut got = 0;
+        while got < prefix.len() {
+            let n = self.inner.read(&mut prefix[got..]).await?;
+            if n == 0 {
+                return if got == 0 {
+                    Ok(None)
+                } else {
+                    Err(FrameError::Truncated)
+                };
+            }
+            got += n;
+        }
+        let len = u32::from_le_bytes(prefix) as usize;
+        if len > self.limits.max_frame_bytes {
+            return Err(FrameError::TooLarge {
+                len,
+                max: self.limits.max_frame_bytes,
+            });
+        }
+        self.buf.clear();
+        self.buf.resize(len, 0);
+        match self.inner.read_exact(&mut self.buf).await {
+            Ok(_) => Ok(Some(&self.buf)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(FrameError::Truncated),
+            Err(e) => Err(FrameError::Io(e)),
+        }
+    }
+
+    /// Reads and decodes one message. `Ok(None)` is a clean end of stream between frames.
+    pub async fn read_frame<M: DeserializeOwned>(&mut self) -> Result<Option<M>, FrameError> {
+        match self.read_payload().await? {
+            None => Ok(None),
+            Some(bytes) => codec::decode(bytes).map(Some).map_err(FrameError::Decode),
+        }
+    }
+}
+
+/// Writes frames to the send side of a stream.
+#[derive(Debug)]
+pub struct FrameWriter<W> {
+    inner: W,
+    limits: Limits,
+    buf: Vec<u8>,
+}
+
+impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    /// Wraps `inner`.
+    pub fn new(inner: W, limits: Limits) -> Self {
+        Self {
+            inner,
+            limits,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Encodes and sends one message as a single frame (one `write_all`, then flush).
+    pub async fn write_frame<M: Serialize>(&mut self, msg: &M) -> Result<(), FrameError> {
+        let payload = codec::encode(msg).map_err(FrameError::Encode)?;
+        self.write_payload(&payload).await
+    }
+
+    /// Sends raw payload bytes as one frame (tests use it to send garbage on purpose).
+    pub async fn write_payload(&mut self, payload: &[u8]) -> Result<(), FrameError> {
+        if payload.len() > self.limits.max_frame_bytes {
+            return Err(FrameError::TooLarge {
+                len: payload.len(),
+                max: self.limits.max_frame_bytes,
+            });
+        }
+        self.buf.clear();
+        self.buf
+            .extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(payload);
+        self.inner.write_all(&self.buf).await?;
+        self.inner.flush().await?;
+        Ok(())
+    }
+
+    /// Writes raw bytes with no framing at all (for tests of hostile peers).
+    pub async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), FrameError> {
+        self.inner.write_all(bytes).await?;
+        self.inner.flush().await?;
+        Ok(())
+    }
+
+    /// Shuts the send side down (the peer sees end of stream).
+    pub async fn shutdown(&mut self) -> Result<(), FrameError> {
+        self.inner.shutdown().await?;
+        Ok(())
+    }
+}
+
+/// Both directions of one stream, for strict request/response conversations.
+#[derive(Debug)]
+pub struct Connection<S> {
+    reader: FrameReader<ReadHalf<S>>,
+    writer: FrameWriter<WriteHalf<S>>,
+}
+
+impl<S: AsyncRead + AsyncWrite> Connection<S> {
+    /// Wraps `stream`.
+    pub fn new(stream: S, limits: Limits) -> Self {
+        let (r, w) = tokio::io::split(stream);
+        Self {
+            reader: FrameReader::new(r, limits),
+            writer: FrameWriter::new(w, limits),
+        }
+    }
+
+    /// Reads one message; `Ok(None)` is a clean end of stream.
+    pub async fn read_frame<M: DeserializeOwned>(&mut self) -> Result<Option<M>, FrameError> {
+        self.reader.read_frame().await
+    }
+
+    /// Sends one message.
+    pub async fn write_frame<M: Serialize>(&mut self, msg: &M) -> Result<(), FrameError> {
+        self.writer.write_frame(msg).await
+    }
+
+    /// Splits into halves that can live in different tasks.
+    pub fn into_split(self) -> (FrameReader<ReadHalf<S>>, FrameWriter<WriteHalf<S>>) {
+        (self.reader, self.writer)
+    }
+
+    /// The send half, for writing raw bytes in tests.
+    pub fn writer(&mut self) -> &mut FrameWriter<WriteHalf<S>> {
+        &mut self.writer
+    }
+
+    /// The receive half.
+    pub fn reader(&mut self) -> &mut FrameReader<ReadHalf<S>> {
+        &mut self.reader
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_clean_eof_is_none() {
+        let (a, b) = tokio::io::duplex(1024);
+        let mut a = Connection::new(a, Limits::default());
+        let mut b = Connection::new(b, Limits::default());
+        a.write_frame(&("hello", 42u64)).await.unwrap();
+        let got: Option<(String, u64)> = b.read_frame().await.unwrap();
+        assert_eq!(got, Some(("hello".into(), 42)));
+        drop(a);
+        assert!(b.read_frame::<u8>().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn oversized_prefix_is_refused_before_allocation() {
+        let (a, b) = tokio::io::duplex(1024);
+        let mut a = Connection::new(a, Limits::default());
+        let mut b = Connection::new(b, Limits::new(1024));
+        a.writer().write_raw(&u32::MAX.to_le_bytes()).await.unwrap();
+        match b.read_frame::<u8>().await {
+            Err(FrameError::TooLarge { len, max }) => {
+                assert_eq!(len, u32::MAX as usize);
+                assert_eq!(max, 1024);
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn garbage_payload_is_recoverable_and_stream_stays_in_step() {
+        let (a, b) = tokio::io::duplex(1024);
+        let mut a = Connection::new(a, Limits::default());
+        let mut b = Connection::new(b, Limits::default());
+        a.writer().write_payload(&[0xFF, 0xFF, 0xFF]).await.unwrap();
+        a.write_frame(&7u32).await.unwrap();
+        let err = b.read_frame::<(u32, u32)>().await.unwrap_err();
+        assert!(err.is_recoverable(), "{err}");
+        assert_eq!(b.read_frame::<u32>().await.unwrap(), Some(7));
+    }
+
+    #[tokio::test]
+    async fn eof_inside_a_frame_is_truncated() {
+        let (a, b) = tokio::io::duplex(1024);
+        let mut a = Connection::new(a, Limits::default());
+        let mut b = Connection::new(b, Limits::default());
+        a.writer().write_raw(&[10, 0, 0, 0, 1, 2]).await.unwrap();
+        drop(a);
+        assert!(matches!(
+            b.read_frame::<u8>().await,
+            Err(FrameError::Truncated)
+        ));
+    }
+}
