@@ -60,6 +60,11 @@ impl BlockIndex {
         self.len
     }
 
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Blocks no other block continues (one per cached prefix chain).
     pub fn leaves(&self) -> u64 {
         self.leaves

@@ -59,6 +59,11 @@ impl Leases {
         self.live.len() as u64
     }
 
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
     /// Forgets every lease (the daemon is gone; its pins went with the index).
     pub fn clear(&mut self) {
         self.live.clear();

@@ -1,1 +1,68 @@
-fn main() {}
+//! `mlxcel-cachemgr`: see `mlxcel_cachemgr` for what it does and `--help` for its flags.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use mlxcel_cachemgr::config::Args;
+use mlxcel_cachemgr::server;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|e| {
+        eprintln!(
+            "mlxcel-cachemgr: bad --log-level `{}` ({e}); using info",
+            args.log_level
+        );
+        EnvFilter::new("info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mlxcel-cachemgr: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        tokio::spawn(stop_on_signal(shutdown.clone()));
+        server::run(args.server(), args.policy(), shutdown).await
+    });
+    match result {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("mlxcel-cachemgr: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Cancels `token` on SIGTERM or SIGINT.
+async fn stop_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    token.cancel();
+}

@@ -14,10 +14,12 @@
 //! - [`geometry`]: model KV geometry and the one formula for a block's real size in bytes.
 //! - [`block_hash`]: [`BlockHash`], the chained hash that names a block of tokens.
 //! - [`runtime_dir`]: the private socket directory and socket paths.
+//! - [`client`]: connecting with a handshake, and [`client::AdminClient`].
 //! - [`socket`]: binding (stale-socket removal, 0600), connecting, and the peer uid check.
 //! - [`size`]: parsing and printing byte sizes (`512MiB`, `2GiB`).
 
 pub mod block_hash;
+pub mod client;
 pub mod codec;
 pub mod connection;
 pub mod geometry;
