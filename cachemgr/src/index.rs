@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use mlxcel_ipc::block_hash::BlockHashMap;
 use mlxcel_ipc::{BlockHash, BlockId};
 use tokio::time::Instant;
 
@@ -45,7 +46,7 @@ pub struct Node {
 pub struct BlockIndex {
     slots: Vec<Option<Node>>,
     free: Vec<Slot>,
-    by_hash: HashMap<BlockHash, Slot>,
+    by_hash: BlockHashMap<Slot>,
     by_block: HashMap<BlockId, Slot>,
     head: Option<Slot>,
     tail: Option<Slot>,

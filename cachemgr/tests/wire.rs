@@ -13,7 +13,11 @@ use mlxcel_ipc::{Connection, Hello, HelloReply, Limits, PROTOCOL_VERSION, Role, 
 use nix::sys::signal::Signal;
 use support::daemon::TestDaemon;
 use support::manager::Manager;
-use support::{manager_bin, prompt_hashes, smollm2};
+use support::{prompt_hashes, smollm2};
+
+fn manager_bin() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_mlxcel-cachemgr"))
+}
 
 async fn stats(socket: &std::path::Path) -> CacheStats {
     let mut admin = AdminClient::connect(socket, Role::Admin)

@@ -4,15 +4,81 @@
 //! optional cache salt, so equal hashes mean equal tokens *and* equal everything before them.
 //! Everyone (daemon, tests, benchmarks) computes hashes with [`block_hashes`]; nothing else.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::TokenId;
 
 /// A 256-bit BLAKE3 chained hash of a block.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BlockHash(pub [u8; 32]);
+
+/// On the wire a hash is one 32-byte string (a length and a copy), not 32 separate elements:
+/// acquire requests carry one hash per prompt block, so this is the hot path of decoding.
+impl Serialize for BlockHash {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for BlockHash {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Bytes32;
+        impl Visitor<'_> for Bytes32 {
+            type Value = BlockHash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("32 bytes of block hash")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<BlockHash, E> {
+                <[u8; 32]>::try_from(v)
+                    .map(BlockHash)
+                    .map_err(|_| E::invalid_length(v.len(), &self))
+            }
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<BlockHash, E> {
+                self.visit_bytes(&v)
+            }
+        }
+        d.deserialize_bytes(Bytes32)
+    }
+}
+
+impl Hash for BlockHash {
+    /// The value is already a uniform cryptographic hash: its first 8 bytes are a perfect
+    /// table key (see [`BlockHashMap`]), so hashing it again would only cost time.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_le_bytes(first));
+    }
+}
+
+/// A hasher that passes a [`BlockHash`]'s leading 64 bits through unchanged.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PassThroughHasher(u64);
+
+impl Hasher for PassThroughHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for keys other than BlockHash; fold them in FNV-style.
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// A hash map keyed by [`BlockHash`] with no re-hashing.
+pub type BlockHashMap<V> = HashMap<BlockHash, V, BuildHasherDefault<PassThroughHasher>>;
 
 impl BlockHash {
     /// Short hex form (first 8 bytes), used as an entry id in stats and by `mlxcelctl`.
@@ -115,6 +181,16 @@ mod tests {
         let c = block_hashes(&HashSeed::new("m", Some("tenant")), &t, 4);
         assert_ne!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn a_hash_is_33_bytes_on_the_wire_and_a_short_one_is_refused() {
+        let h = HashSeed::new("m", None).chain(None, &[1, 2, 3]);
+        let bytes = crate::codec::encode(&h).unwrap();
+        assert_eq!(bytes.len(), 33);
+        assert_eq!(crate::codec::decode::<BlockHash>(&bytes).unwrap(), h);
+        let short = crate::codec::encode(&vec![0u8; 31]).unwrap();
+        assert!(crate::codec::decode::<BlockHash>(&short).is_err());
     }
 
     proptest! {

@@ -9,7 +9,9 @@
 //! unusable and the connection should be closed.
 
 use serde::{Serialize, de::DeserializeOwned};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf,
+};
 
 use crate::codec::{self, CodecError, HARD_MAX_FRAME_BYTES};
 
@@ -65,10 +67,10 @@ impl FrameError {
     }
 }
 
-/// Reads frames from the receive side of a stream.
+/// Reads frames from the receive side of a stream (buffered: a small frame costs one read).
 #[derive(Debug)]
 pub struct FrameReader<R> {
-    inner: R,
+    inner: BufReader<R>,
     limits: Limits,
     buf: Vec<u8>,
 }
@@ -77,7 +79,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Wraps `inner`.
     pub fn new(inner: R, limits: Limits) -> Self {
         Self {
-            inner,
+            inner: BufReader::with_capacity(64 * 1024, inner),
             limits,
             buf: Vec::new(),
         }

@@ -201,6 +201,18 @@ impl Cache {
 
     /// Evicts until retained (plus reserved) blocks are within both limits.
     pub(super) fn enforce_limits(&mut self) {
-        self.evict_for(0);
+        loop {
+            let wanted = self.index.len() + self.reserved;
+            let over_cap = wanted > self.cap_blocks();
+            let over_max = self.policy.max_blocks.is_some_and(|m| wanted > m);
+            let reason = match (over_cap, over_max) {
+                (false, false) => return,
+                (true, _) => EvictReason::Capacity,
+                (false, true) => EvictReason::MaxBlocks,
+            };
+            if !self.evict_lru(reason) {
+                return;
+            }
+        }
     }
 }

@@ -83,7 +83,7 @@ impl Cache {
         hashes: &[BlockHash],
         now: Instant,
     ) -> (Option<LeaseId>, Vec<BlockId>) {
-        let chain = self.cached_prefix(hashes);
+        let chain = self.cached_prefix(hashes.iter());
         let block_tokens = self
             .daemon
             .as_ref()
@@ -112,7 +112,7 @@ impl Cache {
     }
 
     /// The slots of the longest cached prefix of `hashes` (a proper chain from a first block).
-    fn cached_prefix(&self, hashes: &[BlockHash]) -> Vec<Slot> {
+    fn cached_prefix<'a>(&self, hashes: impl IntoIterator<Item = &'a BlockHash>) -> Vec<Slot> {
         let mut chain: Vec<Slot> = Vec::new();
         for h in hashes {
             match self.index.find(h) {
@@ -146,7 +146,7 @@ impl Cache {
         let prefix = if invalid {
             Vec::new()
         } else {
-            self.cached_prefix_of(&blocks)
+            self.cached_prefix(blocks.iter().map(|b| &b.hash))
         };
         let rest = &blocks[prefix.len()..];
         let inconsistent = rest
@@ -209,12 +209,6 @@ impl Cache {
         });
         self.admit_pending(now);
         Ok(())
-    }
-
-    /// The cached prefix of a donation, by hash.
-    fn cached_prefix_of(&self, blocks: &[DonatedBlock]) -> Vec<Slot> {
-        let hashes: Vec<BlockHash> = blocks.iter().map(|b| b.hash).collect();
-        self.cached_prefix(&hashes)
     }
 
     fn refuse(

@@ -32,7 +32,7 @@ impl Manager {
             .arg("--socket-dir")
             .arg(dir.path())
             .args(extra)
-            .env("MLXCEL_LOG", "warn")
+            .env("MLXCEL_LOG", "error")
             .stdin(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));

@@ -33,8 +33,3 @@ pub fn prompt_hashes(
     tokens.extend((0..own_blocks as u32 * 32).map(|i| 1_000_000 + own_seed * 10_000 + i));
     block_hashes(&HashSeed::new("SmolLM2-135M-Instruct", None), &tokens, 32)
 }
-
-/// The manager binary under test.
-pub fn manager_bin() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_mlxcel-cachemgr"))
-}
