@@ -357,3 +357,63 @@ async fn a_missing_manager_is_a_clear_error() {
     assert!(matches!(err, ClientError::Socket(_)));
     assert!(err.to_string().contains("nothing is listening"), "{err}");
 }
+
+#[tokio::test]
+async fn a_donation_larger_than_the_cache_is_partly_refused_with_a_reason() {
+    let m = Manager::start(&manager_bin(), &["--capacity-bytes", "1500KiB"]);
+    let mut d = TestDaemon::register(&m.socket, smollm2(64)).await;
+    let outcome = d.donate(&prompt_hashes(0, 0, 0, 3), &[0, 1, 2]).await;
+    assert_eq!(
+        outcome.retained,
+        vec![0, 1],
+        "two 720 KiB blocks fit in 1500 KiB"
+    );
+    assert_eq!(outcome.refused, vec![2]);
+    assert_eq!(
+        outcome.refused_reason,
+        Some(mlxcel_ipc::proto::cache::RefuseReason::Capacity)
+    );
+    let s = stats(&m.socket).await;
+    assert_eq!(s.rejected_blocks.capacity, 1);
+    assert_eq!(s.used_bytes, 2 * 737_280);
+}
+
+#[tokio::test]
+async fn drift_is_reported_then_fixed_by_resync() {
+    let m = Manager::start(&manager_bin(), &[]);
+    let mut d = TestDaemon::register(&m.socket, smollm2(64)).await;
+    d.donate(&prompt_hashes(0, 0, 0, 4), &[0, 1, 2, 3]).await;
+    // Simulate a daemon bug: it lost block 2 (and so the chain past it) and holds 9 unbooked.
+    d.held.remove(&2);
+    d.held.insert(9);
+    let reconcile = |socket: std::path::PathBuf| async move {
+        let mut admin = AdminClient::connect(&socket, Role::Admin).await.unwrap();
+        admin.request(&AdminRequest::Reconcile).await
+    };
+    let first = tokio::spawn(reconcile(m.socket.clone()));
+    while !matches!(d.recv().await, Some(CacheToDaemon::InventoryRequest { .. })) {}
+    match first.await.unwrap().unwrap() {
+        AdminReply::Reconciled(r) => {
+            assert_eq!(r.ledger_bytes, 4 * 737_280);
+            assert_eq!(r.inventory_bytes, 4 * 737_280, "same totals...");
+            assert_eq!(r.drift_bytes, 2 * 737_280, "...but two blocks differ");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // Resync: the unbooked block is released, the missing one and its child leave the ledger.
+    d.barrier().await;
+    assert!(
+        !d.held.contains(&9),
+        "the daemon was told to release the block nobody booked"
+    );
+    let s = stats(&m.socket).await;
+    assert_eq!(s.drift_bytes, 2 * 737_280);
+    assert_eq!(s.evicted_blocks.drift, 2);
+    assert_eq!(s.blocks, 2);
+    let second = tokio::spawn(reconcile(m.socket.clone()));
+    while !matches!(d.recv().await, Some(CacheToDaemon::InventoryRequest { .. })) {}
+    match second.await.unwrap().unwrap() {
+        AdminReply::Reconciled(r) => assert_eq!((r.drift_bytes, r.ledger_bytes), (0, 2 * 737_280)),
+        other => panic!("unexpected {other:?}"),
+    }
+}

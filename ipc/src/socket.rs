@@ -176,6 +176,39 @@ mod tests {
         assert!(!path.exists(), "a dropped listener removes its socket file");
     }
 
+    /// Runs only as root (CI does): a child that switched to `nobody` connects to a socket we
+    /// opened up on purpose, and the peer check refuses it by uid.
+    #[tokio::test]
+    async fn a_peer_running_as_another_user_is_refused() {
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to run a client as another user");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("open.sock");
+        let listener = bind(&path).await.unwrap();
+        // Open the door on purpose so that only the uid check stands in the way.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let script = format!(
+            "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); s.recv(1)",
+            path.display().to_string()
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .unwrap();
+        let stream = listener.accept().await.unwrap();
+        let verdict = check_peer(&stream);
+        drop(stream);
+        let _ = child.wait();
+        let err = verdict.unwrap_err();
+        assert!(err.contains("peer uid 65534 is not our uid 0"), "{err}");
+    }
+
     #[tokio::test]
     async fn stale_socket_file_is_removed_and_regular_file_is_not() {
         let dir = tempfile::tempdir().unwrap();

@@ -164,19 +164,22 @@ impl Cache {
         doomed.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
         for (_, slot) in doomed {
             let n = self.index.node(slot);
-            if n.pins == 0 && n.children == 0 {
-                self.index_remove_without_release(slot);
+            if n.pins > 0 || n.children > 0 {
+                continue;
+            }
+            if missing.binary_search(&n.block).is_ok() {
+                // Gone already: nothing to release.
+                let node = self.index.remove_leaf(slot);
+                self.count_eviction(EvictReason::Drift);
+                tracing::warn!(
+                    block = node.block,
+                    "dropped from the ledger: the daemon does not hold it"
+                );
+            } else {
+                // Held, but unreachable past the hole: release it like any eviction.
+                self.evict_slot(slot, EvictReason::Drift);
             }
         }
-    }
-
-    fn index_remove_without_release(&mut self, slot: crate::index::Slot) {
-        let node = self.index.remove_leaf(slot);
-        self.count_eviction(EvictReason::Drift);
-        tracing::warn!(
-            block = node.block,
-            "dropped from the ledger: the daemon does not hold it"
-        );
     }
 }
 
