@@ -1,19 +1,23 @@
 # mlxcel: the README's two commands are `make serve` and `make test`.
-# Every target installs what it needs itself (see scripts/ as later work adds engine setup).
+# `setup` (scripts/setup.sh) installs what the build needs, idempotently: apt packages, the
+# pinned mlx-cpu wheel in .venv, the patched mlx-sys on Linux, and the default model.
 
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: serve test lint build bench clean
+.PHONY: setup serve test lint build bench bench-cachemgr bench-engine goldens clean
+
+setup:
+	bash scripts/setup.sh
 
 ## serve: build (release) and run the service in the foreground. For now this is the cache
 ## manager alone; the daemon and HTTP front end join it as they land.
-serve:
+serve: setup
 	$(CARGO) build --release --workspace --bins
 	./target/release/mlxcel-cachemgr $(if $(SOCKET_DIR),--socket-dir $(SOCKET_DIR))
 
 ## test: formatting, lints (warnings are errors), then every test in the workspace.
-test: lint
+test: setup lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
@@ -21,12 +25,22 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-build:
+build: setup
 	$(CARGO) build --release --workspace --bins
 
-## bench: measured figures (not tests): cache manager round trips over its real socket.
-bench:
+## bench: measured figures (not tests).
+bench: bench-cachemgr bench-engine
+
+bench-cachemgr:
 	$(CARGO) bench -p mlxcel-cachemgr --bench roundtrip
+
+bench-engine: setup
+	$(CARGO) bench -p mlxcel-daemon --bench engine
+
+## goldens: regenerate the engine's golden fixtures (builds llama-cpp-python, ~5 min).
+goldens: setup
+	.venv/bin/python -m pip install -q llama-cpp-python==0.3.36 jinja2 gguf numpy
+	.venv/bin/python scripts/make_goldens.py
 
 clean:
 	$(CARGO) clean

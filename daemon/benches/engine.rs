@@ -1,0 +1,162 @@
+//! `make bench-engine`: the engine on this machine, measured and printed with how.
+//!
+//! - BLAS: f32/f16/bf16 1024² matmul GFLOP/s as linked (OpenBLAS on Linux), and f32 again in a
+//!   child process with the mlx-cpu wheel's reference BLAS preloaded, for the comparison.
+//! - The default model: load time, resident memory, prefill tok/s on a 512-token prompt, decode
+//!   tok/s at batch 1, and decode against the memory-bandwidth limit (weight bytes read per token
+//!   vs a measured copy bandwidth).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use mlx_rs::{Dtype, ops, random};
+use mlxcel_daemon::generate::{GenerateRequest, generate};
+use mlxcel_daemon::kv::DenseKv;
+use mlxcel_daemon::sampler::SamplingParams;
+
+const CHILD_FLAG: &str = "MLXCEL_BENCH_MATMUL_ONLY";
+
+fn matmul_gflops(dtype: Dtype) -> f64 {
+    let n = 1024;
+    let a = random::normal::<f32>(&[n, n], None, None, None)
+        .and_then(|a| a.as_dtype(dtype))
+        .expect("a");
+    let b = random::normal::<f32>(&[n, n], None, None, None)
+        .and_then(|b| b.as_dtype(dtype))
+        .expect("b");
+    ops::matmul(&a, &b).expect("warm-up").eval().expect("eval");
+    let iters = if dtype == Dtype::Float32 { 20 } else { 3 };
+    let t = Instant::now();
+    for _ in 0..iters {
+        ops::matmul(&a, &b).expect("matmul").eval().expect("eval");
+    }
+    2.0 * f64::from(n).powi(3) * f64::from(iters) / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+/// The reference BLAS the wheel ships, as mapped into this process.
+fn wheel_blas() -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("mlx_cpu.libs/libblas"))
+        .map(str::to_string)
+}
+
+/// Copy bandwidth: read + write of a 256 MiB buffer, best of 5, counted as bytes moved.
+fn copy_gbs() -> f64 {
+    let src = vec![1u8; 256 << 20];
+    let mut dst = vec![0u8; 256 << 20];
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        dst.copy_from_slice(&src);
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    2.0 * src.len() as f64 / best / 1e9
+}
+
+fn main() {
+    if std::env::var_os(CHILD_FLAG).is_some() {
+        println!("{:.1}", matmul_gflops(Dtype::Float32));
+        return;
+    }
+    let threads = std::env::var("OPENBLAS_NUM_THREADS").unwrap_or_else(|_| "default".into());
+    println!(
+        "mlxcel engine benchmark ({} cores, OPENBLAS_NUM_THREADS={threads}, release build; run on a quiet machine)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let f32_gflops = matmul_gflops(Dtype::Float32);
+    let f16_gflops = matmul_gflops(Dtype::Float16);
+    let bf16_gflops = matmul_gflops(Dtype::Bfloat16);
+    println!(
+        "matmul 1024x1024x1024 as linked: f32 {f32_gflops:.1} GFLOP/s, f16 {f16_gflops:.1}, bf16 {bf16_gflops:.1}"
+    );
+    if let Some(blas) = wheel_blas() {
+        let exe = std::env::current_exe().expect("exe");
+        let out = std::process::Command::new(exe)
+            .env(CHILD_FLAG, "1")
+            .env("LD_PRELOAD", &blas)
+            .output();
+        if let Ok(out) = out {
+            let reference = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            println!(
+                "matmul f32 with the wheel's reference BLAS preloaded ({blas}): {reference} GFLOP/s"
+            );
+        }
+    }
+
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let rss_before = rss_mib();
+    let t = Instant::now();
+    let loaded = mlxcel_daemon::load(&path).expect("run `make setup` for the default model");
+    let load_s = t.elapsed().as_secs_f64();
+    let m = &loaded.model;
+    println!(
+        "model {}: {} on {}, loaded in {load_s:.2} s, resident {:.0} MiB (before load {:.0} MiB)",
+        loaded.model_id,
+        path.display(),
+        m.placement.describe(),
+        rss_mib().unwrap_or(0.0),
+        rss_before.unwrap_or(0.0)
+    );
+
+    // Prefill: a 512-token prompt (the first chat prompt's tokens, repeated), one chunk.
+    let seed_ids = loaded
+        .text
+        .encode("The quick brown fox jumps over the lazy dog. ")
+        .expect("encode");
+    let prompt: Vec<u32> = seed_ids.iter().copied().cycle().take(512).collect();
+    let mut best_prefill = f64::MAX;
+    for _ in 0..3 {
+        let mut kv = DenseKv::new(m.config.layers);
+        let t = Instant::now();
+        m.forward(&prompt, &mut kv)
+            .and_then(|l| l.eval().map_err(Into::into))
+            .expect("prefill");
+        best_prefill = best_prefill.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "prefill 512 tokens: {:.2} s = {:.0} tok/s (best of 3)",
+        best_prefill,
+        512.0 / best_prefill
+    );
+
+    let mut kv = DenseKv::new(m.config.layers);
+    let req = GenerateRequest {
+        prompt: prompt[..32].to_vec(),
+        max_tokens: 128,
+        stop_ids: vec![],
+        sampling: SamplingParams::default(),
+        prefill_chunk: 512,
+    };
+    let g = generate(m, &mut kv, &req, |_| true).expect("decode");
+    let decode_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
+    println!(
+        "decode batch 1: {} tokens in {:.2} s = {decode_tps:.1} tok/s",
+        g.tokens.len(),
+        g.decode_time.as_secs_f64()
+    );
+
+    let bytes = m.weight_bytes_per_token() as f64;
+    let bw = copy_gbs();
+    let limit = bw * 1e9 / bytes;
+    println!(
+        "bandwidth bound: {:.0} MiB of weights read per token, copy bandwidth {bw:.1} GB/s -> limit {limit:.1} tok/s; measured/limit = {:.2}",
+        bytes / (1 << 20) as f64,
+        decode_tps / limit
+    );
+}

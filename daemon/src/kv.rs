@@ -1,0 +1,68 @@
+//! Where attention finds past keys and values.
+//!
+//! The forward pass never touches a cache layout: it hands each layer's new K/V rows to a
+//! [`KvStore`] and gets back everything the sequence has. [`DenseKv`] keeps one growing tensor
+//! per layer; the paged pool (blocks shared through the cache manager) implements the same trait
+//! by writing rows into block slots and gathering by block table.
+
+use mlx_rs::{Array, ops};
+
+use crate::Result;
+
+/// Storage for one sequence's keys and values.
+pub trait KvStore {
+    /// Tokens stored so far (the position of the next token).
+    fn len(&self) -> usize;
+
+    /// Whether nothing is stored yet.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stores `k` and `v` (`[1, kv_heads, new_tokens, head_dim]`) for `layer` and returns all
+    /// keys and values of the sequence for that layer (`[1, kv_heads, len + new, head_dim]`).
+    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)>;
+
+    /// Marks `tokens` new tokens as stored, after every layer has appended them.
+    fn commit(&mut self, tokens: usize);
+}
+
+/// One contiguous tensor per layer, grown by concatenation.
+#[derive(Default)]
+pub struct DenseKv {
+    layers: Vec<Option<(Array, Array)>>,
+    len: usize,
+}
+
+impl DenseKv {
+    /// An empty store for `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        Self {
+            layers: (0..layers).map(|_| None).collect(),
+            len: 0,
+        }
+    }
+}
+
+impl KvStore for DenseKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
+        let slot = &mut self.layers[layer];
+        let (k, v) = match slot.take() {
+            Some((pk, pv)) => (
+                ops::concatenate(&[pk, k], 2)?,
+                ops::concatenate(&[pv, v], 2)?,
+            ),
+            None => (k, v),
+        };
+        *slot = Some((k.clone(), v.clone()));
+        Ok((k, v))
+    }
+
+    fn commit(&mut self, tokens: usize) {
+        self.len += tokens;
+    }
+}

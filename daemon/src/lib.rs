@@ -1,0 +1,41 @@
+//! The mlxcel inference engine: models on MLX through `mlx-rs` (Metal on macOS, the CPU backend
+//! on Linux), the tokenizer the front end will use, and single-sequence generation.
+//!
+//! # Layout
+//! - [`device`]: Metal GPU where available, else CPU; the compute dtype for each.
+//! - [`model`]: configuration, weights (GGUF), and the Llama-family forward pass.
+//! - [`kv`]: the [`kv::KvStore`] interface attention reads K/V through, and a dense store.
+//! - [`tokenizer`]: a `tokenizers::Tokenizer` built from GGUF metadata, plus the chat template,
+//!   special tokens and context length.
+//! - [`sampler`]: greedy and sampled decoding with penalties and a seeded RNG.
+//! - [`generate`]: the generation loop for one sequence.
+
+pub mod device;
+pub mod generate;
+pub mod kv;
+pub mod model;
+pub mod sampler;
+pub mod tokenizer;
+
+pub use loader::{Loaded, load};
+mod loader;
+
+/// Engine errors.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A model file could not be used.
+    #[error("{path}: {reason}")]
+    Model { path: String, reason: String },
+    /// MLX reported an error.
+    #[error("mlx: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+    /// The tokenizer could not be built or used.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A request asked for something the model cannot do.
+    #[error("{0}")]
+    Request(String),
+}
+
+/// Result with [`EngineError`].
+pub type Result<T> = std::result::Result<T, EngineError>;

@@ -1,0 +1,197 @@
+//! Loading a GGUF file: tensors (through `mlx_rs::io`, quantized ones as MLX affine
+//! weight/scales/biases with group 32), the model configuration, and tokenizer metadata.
+
+use std::path::Path;
+
+use mlx_rs::io::GgufFile;
+
+use super::config::{Arch, ModelConfig};
+use super::llama::{LayerPart, TensorNames};
+use super::weights::Weights;
+use crate::tokenizer::GgufVocab;
+use crate::{EngineError, Result};
+
+/// MLX dequantizes GGUF Q4_0/Q4_1/Q8_0 blocks as affine groups of 32.
+const GGUF_GROUP_SIZE: i32 = 32;
+
+/// Everything read from a GGUF file.
+pub struct GgufModel {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    pub vocab: GgufVocab,
+}
+
+/// GGUF tensor names (`blk.N.attn_q`, ...).
+pub struct GgufNames;
+
+impl TensorNames for GgufNames {
+    fn embed(&self) -> String {
+        "token_embd".into()
+    }
+    fn output(&self) -> String {
+        "output".into()
+    }
+    fn output_norm(&self) -> String {
+        "output_norm.weight".into()
+    }
+    fn layer(&self, i: usize, part: LayerPart) -> String {
+        let p = match part {
+            LayerPart::AttnNorm => "attn_norm.weight",
+            LayerPart::Q => "attn_q",
+            LayerPart::K => "attn_k",
+            LayerPart::V => "attn_v",
+            LayerPart::O => "attn_output",
+            LayerPart::QNorm => "attn_q_norm.weight",
+            LayerPart::KNorm => "attn_k_norm.weight",
+            LayerPart::FfnNorm => "ffn_norm.weight",
+            LayerPart::Gate => "ffn_gate",
+            LayerPart::Up => "ffn_up",
+            LayerPart::Down => "ffn_down",
+        };
+        format!("blk.{i}.{p}")
+    }
+}
+
+/// Reads `path`.
+pub fn load(path: &Path) -> Result<GgufModel> {
+    let shown = path.display().to_string();
+    let err = |reason: String| EngineError::Model {
+        path: shown.clone(),
+        reason,
+    };
+    if !path.is_file() {
+        return Err(err("no such file".into()));
+    }
+    let file = GgufFile::load(path).map_err(|e| err(format!("not a readable GGUF file: {e}")))?;
+    let meta = Meta {
+        file: &file,
+        path: &shown,
+    };
+    let arch_name = meta
+        .string("general.architecture")?
+        .ok_or_else(|| err("no general.architecture".into()))?;
+    let arch = Arch::parse(&arch_name).ok_or_else(|| {
+        err(format!(
+            "unsupported architecture `{arch_name}` (supported: llama, mistral, qwen2, qwen3)"
+        ))
+    })?;
+    let a = arch_name.as_str();
+    let need = |key: &str| -> Result<usize> {
+        meta.number(&format!("{a}.{key}"))?
+            .map(|v| v as usize)
+            .ok_or_else(|| err(format!("metadata `{a}.{key}` is missing")))
+    };
+    let hidden = need("embedding_length")?;
+    let heads = need("attention.head_count")?;
+    let tokens = meta
+        .strings("tokenizer.ggml.tokens")?
+        .ok_or_else(|| err("no tokenizer.ggml.tokens".into()))?;
+    let config = ModelConfig {
+        arch,
+        layers: need("block_count")?,
+        hidden,
+        heads,
+        kv_heads: meta
+            .number(&format!("{a}.attention.head_count_kv"))?
+            .map_or(heads, |v| v as usize),
+        head_dim: meta
+            .number(&format!("{a}.attention.key_length"))?
+            .map_or(hidden / heads.max(1), |v| v as usize),
+        ffn: need("feed_forward_length")?,
+        vocab: tokens.len(),
+        rope_theta: meta
+            .number(&format!("{a}.rope.freq_base"))?
+            .unwrap_or(10_000.0) as f32,
+        rms_eps: meta
+            .number(&format!("{a}.attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5) as f32,
+        context_length: need("context_length")?,
+        // llama.cpp permutes Q/K of llama-arch models for interleaved RoPE; Qwen keeps NeoX order.
+        rope_traditional: arch == Arch::Llama,
+    };
+    config.validate(&shown)?;
+    let vocab = GgufVocab {
+        model: meta.string("tokenizer.ggml.model")?.unwrap_or_default(),
+        pre: meta
+            .string("tokenizer.ggml.pre")?
+            .unwrap_or_else(|| "default".into()),
+        tokens,
+        merges: meta.strings("tokenizer.ggml.merges")?.unwrap_or_default(),
+        token_types: meta.ints("tokenizer.ggml.token_type")?.unwrap_or_default(),
+        bos: meta
+            .number("tokenizer.ggml.bos_token_id")?
+            .map(|v| v as u32),
+        eos: meta
+            .number("tokenizer.ggml.eos_token_id")?
+            .map(|v| v as u32),
+        add_bos: meta
+            .number("tokenizer.ggml.add_bos_token")?
+            .is_some_and(|v| v != 0.0),
+        chat_template: meta.string("tokenizer.chat_template")?,
+        context_length: config.context_length,
+    };
+    let tensors = file
+        .arrays()
+        .map_err(|e| err(format!("cannot read tensors: {e}")))?;
+    Ok(GgufModel {
+        config,
+        weights: Weights::new(tensors, &shown, GGUF_GROUP_SIZE),
+        vocab,
+    })
+}
+
+struct Meta<'a> {
+    file: &'a GgufFile,
+    path: &'a str,
+}
+
+impl Meta<'_> {
+    fn err(&self, key: &str, e: impl std::fmt::Display) -> EngineError {
+        EngineError::Model {
+            path: self.path.into(),
+            reason: format!("metadata `{key}`: {e}"),
+        }
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>> {
+        self.file
+            .get_metadata_string(key)
+            .map_err(|e| self.err(key, e))
+    }
+
+    fn strings(&self, key: &str) -> Result<Option<Vec<String>>> {
+        self.file
+            .get_metadata_strings(key)
+            .map_err(|e| self.err(key, e))
+    }
+
+    /// A numeric scalar of any width, as f64 (exact for the integers GGUF metadata holds).
+    fn number(&self, key: &str) -> Result<Option<f64>> {
+        let Some(a) = self
+            .file
+            .get_metadata_array(key)
+            .map_err(|e| self.err(key, e))?
+        else {
+            return Ok(None);
+        };
+        if a.size() != 1 {
+            return Err(self.err(key, "expected a single number"));
+        }
+        a.try_item_cast::<f64>()
+            .map(Some)
+            .map_err(|e| self.err(key, e))
+    }
+
+    fn ints(&self, key: &str) -> Result<Option<Vec<i32>>> {
+        let Some(a) = self
+            .file
+            .get_metadata_array(key)
+            .map_err(|e| self.err(key, e))?
+        else {
+            return Ok(None);
+        };
+        a.to_vec_cast::<i32>()
+            .map(Some)
+            .map_err(|e| self.err(key, e))
+    }
+}

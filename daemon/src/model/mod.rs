@@ -1,0 +1,14 @@
+//! Models: configuration, weights, loading, and the forward pass.
+//!
+//! - [`config`]: [`ModelConfig`], the architecture and geometry.
+//! - [`weights`]: named tensors and [`weights::Linear`] (dense or quantized).
+//! - [`gguf`]: loading a GGUF file (weights, configuration, tokenizer metadata).
+//! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
+
+pub mod config;
+pub mod gguf;
+pub mod llama;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig};
+pub use llama::Model;

@@ -1,0 +1,187 @@
+//! Named tensors and linear layers.
+//!
+//! A quantized weight arrives as `name.weight` (packed `u32`), `name.scales` and `name.biases`
+//! (MLX affine quantization). On the CPU it is dequantized once at load; on Metal it stays
+//! quantized and runs through `quantized_matmul`.
+
+use std::collections::HashMap;
+
+use mlx_rs::{Array, Dtype, ops};
+
+use crate::device::Placement;
+use crate::{EngineError, Result};
+
+/// Tensors by name, as the file names them.
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+    path: String,
+    /// Quantization group size of the file's quantized tensors.
+    group_size: i32,
+}
+
+/// A linear layer `y = x · Wᵀ (+ b)`.
+pub enum Linear {
+    /// A dense weight stored transposed (`[in, out]`) for a plain matmul.
+    Dense { wt: Array, bias: Option<Array> },
+    /// MLX affine-quantized weight.
+    Quantized {
+        w: Array,
+        scales: Array,
+        biases: Array,
+        group_size: i32,
+        bits: i32,
+        bias: Option<Array>,
+    },
+}
+
+impl Linear {
+    /// Bytes of parameters a forward pass reads.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Linear::Dense { wt, bias } => wt.nbytes() + bias.as_ref().map_or(0, Array::nbytes),
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                bias,
+                ..
+            } => {
+                w.nbytes()
+                    + scales.nbytes()
+                    + biases.nbytes()
+                    + bias.as_ref().map_or(0, Array::nbytes)
+            }
+        }
+    }
+
+    /// Applies the layer to `x` (`[..., in]`).
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let (y, bias) = match self {
+            Linear::Dense { wt, bias } => (ops::matmul(x, wt)?, bias),
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                group_size,
+                bits,
+                bias,
+            } => (
+                ops::quantized_matmul(x, w, scales, biases, true, *group_size, *bits)?,
+                bias,
+            ),
+        };
+        Ok(match bias {
+            Some(b) => ops::add(&y, b)?,
+            None => y,
+        })
+    }
+}
+
+impl Weights {
+    /// Wraps the tensors of the file at `path`.
+    pub fn new(tensors: HashMap<String, Array>, path: &str, group_size: i32) -> Self {
+        Self {
+            tensors,
+            path: path.into(),
+            group_size,
+        }
+    }
+
+    fn missing(&self, name: &str) -> EngineError {
+        EngineError::Model {
+            path: self.path.clone(),
+            reason: format!("tensor `{name}` is missing"),
+        }
+    }
+
+    /// Whether the file has tensor `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// A tensor as stored (quantized ones dequantized), cast to `dtype`.
+    pub fn dense(&self, name: &str, dtype: Dtype) -> Result<Array> {
+        let w = self
+            .tensors
+            .get(&format!("{name}.weight"))
+            .or_else(|| self.tensors.get(name));
+        let w = w.ok_or_else(|| self.missing(&format!("{name}.weight")))?;
+        let out = match self.quantization(name)? {
+            Some((scales, biases, bits)) => {
+                ops::dequantize(w, scales, biases, self.group_size, bits)?
+            }
+            None => w.clone(),
+        };
+        Ok(out.as_dtype(dtype)?)
+    }
+
+    /// An optional 1-D tensor (norm weights, biases), cast to `dtype`.
+    pub fn vector(&self, name: &str, dtype: Dtype) -> Result<Option<Array>> {
+        self.tensors
+            .get(name)
+            .map(|a| a.as_dtype(dtype))
+            .transpose()
+            .map_err(EngineError::from)
+    }
+
+    /// A linear layer `name` (with `name.bias` if present), placed as `placement` wants.
+    pub fn linear(&self, name: &str, placement: Placement) -> Result<Linear> {
+        let bias = self.vector(&format!("{name}.bias"), placement.dtype)?;
+        if placement.keep_quantized
+            && let Some((scales, biases, bits)) = self.quantization(name)?
+        {
+            let w = self
+                .tensors
+                .get(&format!("{name}.weight"))
+                .ok_or_else(|| self.missing(name))?;
+            return Ok(Linear::Quantized {
+                w: w.clone(),
+                scales: scales.as_dtype(placement.dtype)?,
+                biases: biases.as_dtype(placement.dtype)?,
+                group_size: self.group_size,
+                bits,
+                bias,
+            });
+        }
+        let w = self.dense(name, placement.dtype)?;
+        // Dequantize now, once; the transpose is a view BLAS reads with its transpose flag.
+        w.eval()?;
+        Ok(Linear::Dense { wt: w.t(), bias })
+    }
+
+    /// The scales, biases and bit width of a quantized tensor (None if it is not quantized).
+    fn quantization(&self, name: &str) -> Result<Option<(&Array, &Array, i32)>> {
+        let (Some(scales), Some(biases)) = (
+            self.tensors.get(&format!("{name}.scales")),
+            self.tensors.get(&format!("{name}.biases")),
+        ) else {
+            return Ok(None);
+        };
+        let w = self
+            .tensors
+            .get(&format!("{name}.weight"))
+            .ok_or_else(|| self.missing(name))?;
+        if w.ndim() != 2 || scales.ndim() != 2 {
+            return Err(EngineError::Model {
+                path: self.path.clone(),
+                reason: format!("quantized tensor `{name}` is not a matrix"),
+            });
+        }
+        let (packed, groups) = (w.shape()[1], scales.shape()[1]);
+        let bits = if groups > 0 {
+            packed * 32 / (groups * self.group_size)
+        } else {
+            0
+        };
+        if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) || w.dtype() != Dtype::Uint32 {
+            return Err(EngineError::Model {
+                path: self.path.clone(),
+                reason: format!(
+                    "tensor `{name}` has an unsupported quantization ({bits} bits, {:?})",
+                    w.dtype()
+                ),
+            });
+        }
+        Ok(Some((scales, biases, bits)))
+    }
+}

