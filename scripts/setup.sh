@@ -40,7 +40,7 @@ venv() {
     python3 -m venv "$VENV"
   fi
   local have
-  have="$("$VENV/bin/python" -m pip show mlx-cpu 2>/dev/null | sed -n 's/^Version: //p')"
+  have="$("$VENV/bin/python" -m pip show mlx-cpu 2>/dev/null | sed -n 's/^Version: //p' || true)"
   if [ "$have" != "$MLX_CPU_VERSION" ]; then
     say "installing mlx-cpu==$MLX_CPU_VERSION into the venv"
     "$VENV/bin/python" -m pip install -q "mlx-cpu==$MLX_CPU_VERSION"

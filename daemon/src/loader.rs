@@ -1,4 +1,4 @@
-//! Opening a model path: a `.gguf` file (MLX/HF safetensors directories come next).
+//! Opening a model path: a `.gguf` file or an MLX / Hugging Face safetensors directory.
 
 use std::path::Path;
 use std::time::Instant;
@@ -6,6 +6,7 @@ use std::time::Instant;
 use crate::device::Placement;
 use crate::model::Model;
 use crate::model::gguf::{self, GgufNames};
+use crate::model::safetensors::{self, HfNames};
 use crate::tokenizer::TextInfo;
 use crate::{EngineError, Result};
 
@@ -21,18 +22,22 @@ pub struct Loaded {
 pub fn load(path: &Path) -> Result<Loaded> {
     let started = Instant::now();
     let placement = Placement::choose();
-    let is_gguf = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    if !is_gguf {
+    let shown = path.display().to_string();
+    let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let (model, text) = if path.is_dir() {
+        let (config, weights) = safetensors::load(path)?;
+        let text = TextInfo::from_hf_dir(path, config.context_length)?;
+        (Model::build(config, &weights, &HfNames, placement)?, text)
+    } else if is_gguf || !path.exists() {
+        let g = gguf::load(path)?;
+        let text = TextInfo::from_gguf(&g.vocab)?;
+        (Model::build(g.config, &g.weights, &GgufNames, placement)?, text)
+    } else {
         return Err(EngineError::Model {
-            path: path.display().to_string(),
-            reason: "not a .gguf file (safetensors directories are not supported yet)".into(),
+            path: shown,
+            reason: "not a .gguf file or a model directory (config.json + *.safetensors)".into(),
         });
-    }
-    let g = gguf::load(path)?;
-    let text = TextInfo::from_gguf(&g.vocab)?;
-    let model = Model::build(g.config, &g.weights, &GgufNames, placement)?;
+    };
     let model_id = path
         .file_stem()
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());

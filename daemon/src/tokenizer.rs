@@ -4,6 +4,8 @@
 //! token types and a pre-tokenizer name. We rebuild the equivalent `tokenizers::Tokenizer`, which
 //! the front end receives serialized as `tokenizer.json`, so it never reads model files.
 
+use std::path::Path;
+
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -111,30 +113,52 @@ impl TextInfo {
                 .map_err(|e| err(e.to_string()))?;
             tk.with_post_processor(Some(post));
         }
-        let mut stop_ids: Vec<u32> = vocab.eos.into_iter().collect();
-        for name in [
-            "<|im_end|>",
-            "<|eot_id|>",
-            "<|end_of_text|>",
-            "<|endoftext|>",
-            "</s>",
-        ] {
-            if let Some(id) = vocab.tokens.iter().position(|t| t == name) {
-                let id = id as u32;
-                let control = vocab.token_types.get(id as usize) == Some(&TOKEN_TYPE_CONTROL);
-                if control && !stop_ids.contains(&id) {
-                    stop_ids.push(id);
-                }
-            }
-        }
         Ok(TextInfo {
+            stop_ids: stop_ids(&tk, vocab.eos.into_iter().collect()),
             tokenizer: tk,
             chat_template: vocab.chat_template.clone(),
             bos: vocab.bos,
             eos: vocab.eos,
-            stop_ids,
             context_length: vocab.context_length,
         })
+    }
+
+    /// Reads `tokenizer.json`, `tokenizer_config.json` and (if present) `generation_config.json`
+    /// of a Hugging Face / MLX model directory.
+    pub fn from_hf_dir(dir: &Path, context_length: usize) -> Result<TextInfo> {
+        let err = |m: String| EngineError::Tokenizer(format!("{}: {m}", dir.display()));
+        let tk = Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| err(format!("tokenizer.json: {e}")))?;
+        let read_json = |name: &str| -> Result<Option<serde_json::Value>> {
+            match std::fs::read_to_string(dir.join(name)) {
+                Ok(t) => serde_json::from_str(&t).map(Some).map_err(|e| err(format!("{name}: {e}"))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(err(format!("{name}: {e}"))),
+            }
+        };
+        let cfg = read_json("tokenizer_config.json")?.unwrap_or_default();
+        let token_id = |v: &serde_json::Value| -> Option<u32> {
+            let name = v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))?;
+            tk.token_to_id(name)
+        };
+        let bos = cfg.get("bos_token").and_then(token_id);
+        let eos = cfg.get("eos_token").and_then(token_id);
+        let chat_template = match cfg.get("chat_template") {
+            Some(serde_json::Value::String(t)) => Some(t.clone()),
+            Some(serde_json::Value::Array(named)) => named
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template").and_then(|t| t.as_str()).map(str::to_string)),
+            _ => None,
+        };
+        let mut eos_ids: Vec<u32> = eos.into_iter().collect();
+        if let Some(gen_cfg) = read_json("generation_config.json")? {
+            match gen_cfg.get("eos_token_id") {
+                Some(serde_json::Value::Number(n)) => eos_ids.extend(n.as_u64().map(|v| v as u32)),
+                Some(serde_json::Value::Array(a)) => eos_ids.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32)),
+                _ => {}
+            }
+        }
+        Ok(TextInfo { stop_ids: stop_ids(&tk, eos_ids), tokenizer: tk, chat_template, bos, eos, context_length })
     }
 
     /// Token ids of `text`; special-token text (`<|im_start|>`) becomes its token.
@@ -159,6 +183,26 @@ impl TextInfo {
             .to_string(false)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
+}
+
+/// `eos` plus the end-of-turn tokens the vocabulary has as special tokens, each once.
+fn stop_ids(tk: &Tokenizer, eos: Vec<u32>) -> Vec<u32> {
+    let special = tk.get_added_tokens_decoder();
+    let mut ids = Vec::new();
+    for id in eos {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    for name in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"] {
+        if let Some(id) = tk.token_to_id(name)
+            && special.get(&id).is_some_and(|t| t.special)
+            && !ids.contains(&id)
+        {
+            ids.push(id);
+        }
+    }
+    ids
 }
 
 /// The pre-tokenizer llama.cpp uses for GGUF pre-tokenizer `name`.

@@ -3,11 +3,13 @@
 //! - [`config`]: [`ModelConfig`], the architecture and geometry.
 //! - [`weights`]: named tensors and [`weights::Linear`] (dense or quantized).
 //! - [`gguf`]: loading a GGUF file (weights, configuration, tokenizer metadata).
+//! - [`safetensors`]: loading an MLX / Hugging Face directory.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
 pub mod config;
 pub mod gguf;
 pub mod llama;
+pub mod safetensors;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
