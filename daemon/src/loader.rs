@@ -23,7 +23,9 @@ pub fn load(path: &Path) -> Result<Loaded> {
     let started = Instant::now();
     let placement = Placement::choose();
     let shown = path.display().to_string();
-    let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let is_gguf = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (model, text) = if path.is_dir() {
         let (config, weights) = safetensors::load(path)?;
         let text = TextInfo::from_hf_dir(path, config.context_length)?;
@@ -31,7 +33,10 @@ pub fn load(path: &Path) -> Result<Loaded> {
     } else if is_gguf || !path.exists() {
         let g = gguf::load(path)?;
         let text = TextInfo::from_gguf(&g.vocab)?;
-        (Model::build(g.config, &g.weights, &GgufNames, placement)?, text)
+        (
+            Model::build(g.config, &g.weights, &GgufNames, placement)?,
+            text,
+        )
     } else {
         return Err(EngineError::Model {
             path: shown,

@@ -127,17 +127,22 @@ impl TextInfo {
     /// of a Hugging Face / MLX model directory.
     pub fn from_hf_dir(dir: &Path, context_length: usize) -> Result<TextInfo> {
         let err = |m: String| EngineError::Tokenizer(format!("{}: {m}", dir.display()));
-        let tk = Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| err(format!("tokenizer.json: {e}")))?;
+        let tk = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| err(format!("tokenizer.json: {e}")))?;
         let read_json = |name: &str| -> Result<Option<serde_json::Value>> {
             match std::fs::read_to_string(dir.join(name)) {
-                Ok(t) => serde_json::from_str(&t).map(Some).map_err(|e| err(format!("{name}: {e}"))),
+                Ok(t) => serde_json::from_str(&t)
+                    .map(Some)
+                    .map_err(|e| err(format!("{name}: {e}"))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(err(format!("{name}: {e}"))),
             }
         };
         let cfg = read_json("tokenizer_config.json")?.unwrap_or_default();
         let token_id = |v: &serde_json::Value| -> Option<u32> {
-            let name = v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))?;
+            let name = v
+                .as_str()
+                .or_else(|| v.get("content").and_then(|c| c.as_str()))?;
             tk.token_to_id(name)
         };
         let bos = cfg.get("bos_token").and_then(token_id);
@@ -147,18 +152,31 @@ impl TextInfo {
             Some(serde_json::Value::Array(named)) => named
                 .iter()
                 .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                .and_then(|t| t.get("template").and_then(|t| t.as_str()).map(str::to_string)),
+                .and_then(|t| {
+                    t.get("template")
+                        .and_then(|t| t.as_str())
+                        .map(str::to_string)
+                }),
             _ => None,
         };
         let mut eos_ids: Vec<u32> = eos.into_iter().collect();
         if let Some(gen_cfg) = read_json("generation_config.json")? {
             match gen_cfg.get("eos_token_id") {
                 Some(serde_json::Value::Number(n)) => eos_ids.extend(n.as_u64().map(|v| v as u32)),
-                Some(serde_json::Value::Array(a)) => eos_ids.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32)),
+                Some(serde_json::Value::Array(a)) => {
+                    eos_ids.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32))
+                }
                 _ => {}
             }
         }
-        Ok(TextInfo { stop_ids: stop_ids(&tk, eos_ids), tokenizer: tk, chat_template, bos, eos, context_length })
+        Ok(TextInfo {
+            stop_ids: stop_ids(&tk, eos_ids),
+            tokenizer: tk,
+            chat_template,
+            bos,
+            eos,
+            context_length,
+        })
     }
 
     /// Token ids of `text`; special-token text (`<|im_start|>`) becomes its token.
@@ -194,7 +212,13 @@ fn stop_ids(tk: &Tokenizer, eos: Vec<u32>) -> Vec<u32> {
             ids.push(id);
         }
     }
-    for name in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>"] {
+    for name in [
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
+        "<|endoftext|>",
+        "</s>",
+    ] {
         if let Some(id) = tk.token_to_id(name)
             && special.get(&id).is_some_and(|t| t.special)
             && !ids.contains(&id)

@@ -72,12 +72,19 @@ impl TensorNames for HfNames {
 /// Reads the model in directory `dir`.
 pub fn load(dir: &Path) -> Result<(ModelConfig, Weights)> {
     let shown = dir.display().to_string();
-    let err = |reason: String| EngineError::Model { path: shown.clone(), reason };
+    let err = |reason: String| EngineError::Model {
+        path: shown.clone(),
+        reason,
+    };
     let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| err(format!("config.json: {e}")))?;
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| err(format!("config.json: {e}")))?;
     let hf: HfConfig = serde_json::from_str(&text).map_err(|e| err(format!("config.json: {e}")))?;
     let arch = Arch::parse(&hf.model_type).ok_or_else(|| {
-        err(format!("unsupported architecture `{}` (supported: llama, mistral, qwen2, qwen3)", hf.model_type))
+        err(format!(
+            "unsupported architecture `{}` (supported: llama, mistral, qwen2, qwen3)",
+            hf.model_type
+        ))
     })?;
     if let Some(scaling) = hf.rope_scaling.as_ref().filter(|v| !v.is_null()) {
         return Err(err(format!("rope_scaling {scaling} is not supported yet")));
@@ -88,7 +95,9 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Weights)> {
         hidden: hf.hidden_size,
         heads: hf.num_attention_heads,
         kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-        head_dim: hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
+        head_dim: hf
+            .head_dim
+            .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
         ffn: hf.intermediate_size,
         vocab: hf.vocab_size,
         rope_theta: hf.rope_theta.unwrap_or(10_000.0),
@@ -108,13 +117,21 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Weights)> {
     }
     let mut tensors: HashMap<String, Array> = HashMap::new();
     for file in &files {
-        let part = Array::load_safetensors(file)
-            .map_err(|e| err(format!("{}: not a readable safetensors file: {e}", file.display())))?;
+        let part = Array::load_safetensors(file).map_err(|e| {
+            err(format!(
+                "{}: not a readable safetensors file: {e}",
+                file.display()
+            ))
+        })?;
         tensors.extend(part);
     }
     let group_size = hf.quantization.as_ref().map_or(64, |q| q.group_size);
     if let Some(q) = &hf.quantization {
-        tracing::info!(group_size = q.group_size, bits = q.bits, "quantized checkpoint");
+        tracing::info!(
+            group_size = q.group_size,
+            bits = q.bits,
+            "quantized checkpoint"
+        );
     }
     Ok((config, Weights::new(tensors, &shown, group_size)))
 }
