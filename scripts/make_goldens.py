@@ -85,6 +85,13 @@ def main() -> None:
         ref_ids, gaps = reference.greedy(ids, 32)
         chats.append({"messages": messages, "prompt": prompt, "prompt_ids": ids, "greedy_ids": ref_ids,
                       "greedy_logit_gaps": [round(g, 4) for g in gaps], "llamacpp_greedy_ids": greedy})
+    # Qwen2 / Qwen3 variants of the same weights (extra parameters from variant_extras), on the
+    # first chat; the engine's tests build the same variants as HF directories.
+    variants = []
+    for arch in ("qwen2", "qwen3"):
+        ref = ReferenceLlama(str(MODEL)).with_variant(arch)
+        out, gaps = ref.greedy(chats[0]["prompt_ids"], 16)
+        variants.append({"arch": arch, "chat": 0, "greedy_ids": out, "greedy_logit_gaps": [round(g, 4) for g in gaps]})
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({
         "made_by": f"tokens and prompts: llama-cpp-python {llama_cpp.__version__} (llama.cpp, CPU), jinja2 "
@@ -93,6 +100,7 @@ def main() -> None:
         "model": MODEL.name,
         "tokenization": tokens,
         "chats": chats,
+        "variants": variants,
     }, ensure_ascii=False, indent=1) + "\n")
     print(f"wrote {OUT}", file=sys.stderr)
 

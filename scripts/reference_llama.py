@@ -12,6 +12,24 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 
+def variant_extras(arch: str, layers: int, heads: int, kv_heads: int, head_dim: int) -> dict:
+    """Deterministic extra parameters that turn the Llama weights into a Qwen2 (q/k/v biases)
+    or Qwen3 (per-head q/k RMS-norm weights) variant, in GGUF (interleaved) row order. The
+    engine's tests compute the same formulas (daemon/tests/variants.rs)."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    ls = np.arange(layers, dtype=np.float64)[:, None]
+    if arch == "qwen2":
+        return {
+            "q_bias": 0.1 * np.sin(0.37 * np.arange(q)[None, :] + 1.1 * ls),
+            "k_bias": 0.1 * np.cos(0.23 * np.arange(kv)[None, :] + 0.5 * ls),
+            "v_bias": 1.0 * np.sin(0.11 * np.arange(kv)[None, :] + 0.3 * ls),
+        }
+    if arch == "qwen3":
+        d = np.arange(head_dim)[None, :]
+        return {"q_norm": 1 + 0.2 * np.sin(0.5 * d + ls), "k_norm": 1 + 0.2 * np.cos(0.3 * d + ls)}
+    return {}
+
+
 class ReferenceLlama:
     def __init__(self, path: str):
         r = GGUFReader(path)
@@ -30,6 +48,11 @@ class ReferenceLlama:
         self.eps = float(scalar("llama.attention.layer_norm_rms_epsilon"))
         self.w = {t.name: dequantize(t.data, t.tensor_type).astype(np.float64) for t in r.tensors}
         self.out = self.w.get("output.weight", self.w["token_embd.weight"])
+        self.extras = {}
+
+    def with_variant(self, arch: str):
+        self.extras = variant_extras(arch, self.layers, self.heads, self.kv_heads, self.head_dim)
+        return self
 
     def rms_norm(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
@@ -56,9 +79,16 @@ class ReferenceLlama:
         for i in range(self.layers):
             p = f"blk.{i}."
             h = self.rms_norm(x, self.w[p + "attn_norm.weight"])
-            q = (h @ self.w[p + "attn_q.weight"].T).reshape(t, self.heads, self.head_dim).transpose(1, 0, 2)
-            k = (h @ self.w[p + "attn_k.weight"].T).reshape(t, self.kv_heads, self.head_dim).transpose(1, 0, 2)
-            v = (h @ self.w[p + "attn_v.weight"].T).reshape(t, self.kv_heads, self.head_dim).transpose(1, 0, 2)
+            e = {name: value[i] for name, value in self.extras.items()}
+            q = h @ self.w[p + "attn_q.weight"].T + e.get("q_bias", 0)
+            k = h @ self.w[p + "attn_k.weight"].T + e.get("k_bias", 0)
+            v = h @ self.w[p + "attn_v.weight"].T + e.get("v_bias", 0)
+            q = q.reshape(t, self.heads, self.head_dim).transpose(1, 0, 2)
+            k = k.reshape(t, self.kv_heads, self.head_dim).transpose(1, 0, 2)
+            v = v.reshape(t, self.kv_heads, self.head_dim).transpose(1, 0, 2)
+            if "q_norm" in e:
+                q = self.rms_norm(q, e["q_norm"])
+                k = self.rms_norm(k, e["k_norm"])
             q, k = self.rope(q, pos), self.rope(k, pos)
             if i in cache:
                 k = np.concatenate([cache[i][0], k], axis=1)

@@ -2,31 +2,13 @@
 //! `scripts/make_goldens.py`): llama.cpp's tokenizer, and a NumPy float64 reference forward pass
 //! for greedy tokens. Uses the default model that `make setup` places in `models/`.
 
-use std::path::PathBuf;
+mod support;
 
 use mlxcel_daemon::generate::{FinishReason, GenerateRequest, generate};
 use mlxcel_daemon::kv::DenseKv;
 use mlxcel_daemon::sampler::SamplingParams;
 use mlxcel_daemon::{Loaded, load};
-use serde_json::Value;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn fixtures() -> Value {
-    let text = std::fs::read_to_string(root().join("daemon/tests/fixtures/smollm2_golden.json"))
-        .expect("fixtures");
-    serde_json::from_str(&text).expect("fixture JSON")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
+use support::{fixtures, ids, root};
 
 /// MLX arrays stay on the thread that made them, so each test loads its own copy (~1 s).
 fn model() -> Loaded {

@@ -1,0 +1,185 @@
+//! Shared test support: fixtures, and rewriting the default GGUF model as an MLX / Hugging Face
+//! directory (optionally quantized, optionally as a Qwen2 / Qwen3 variant).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use mlx_rs::{Array, Dtype, ops};
+use mlxcel_daemon::model::gguf;
+use mlxcel_daemon::tokenizer::TextInfo;
+use serde_json::{Value, json};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn fixtures() -> Value {
+    let text = std::fs::read_to_string(root().join("daemon/tests/fixtures/smollm2_golden.json"))
+        .expect("fixtures");
+    serde_json::from_str(&text).expect("fixture JSON")
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// GGUF stores Q/K rows permuted for interleaved RoPE; undo it (llama.cpp's `permute`, inverted).
+/// With `heads = 1` on a head-sized vector it maps a per-head weight the same way.
+pub fn unpermute(w: &Array, heads: i32) -> Array {
+    let (out, inp) = (w.shape()[0], if w.ndim() > 1 { w.shape()[1] } else { 1 });
+    w.reshape(&[heads, out / heads / 2, 2, inp])
+        .and_then(|x| x.swap_axes(1, 2))
+        .and_then(|x| x.reshape(w.shape()))
+        .unwrap()
+}
+
+/// What to write.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HfDir {
+    /// Some((group, bits)): an mlx-community-style quantized checkpoint.
+    pub quantize: Option<(i32, i32)>,
+    /// "llama" (default), "qwen2" (adds q/k/v biases) or "qwen3" (adds q/k norms), with the
+    /// extra parameters of scripts/reference_llama.py's `variant_extras`.
+    pub arch: Option<&'static str>,
+}
+
+/// `variant_extras` of scripts/reference_llama.py, row `layer`, length `n` (GGUF row order).
+fn extra(name: &str, layer: usize, n: usize) -> Array {
+    let l = layer as f64;
+    let v: Vec<f32> = (0..n)
+        .map(|r| {
+            let r = r as f64;
+            (match name {
+                "q_bias" => 0.1 * (0.37 * r + 1.1 * l).sin(),
+                "k_bias" => 0.1 * (0.23 * r + 0.5 * l).cos(),
+                "v_bias" => (0.11 * r + 0.3 * l).sin(),
+                "q_norm" => 1.0 + 0.2 * (0.5 * r + l).sin(),
+                "k_norm" => 1.0 + 0.2 * (0.3 * r + l).cos(),
+                other => panic!("no extra {other}"),
+            }) as f32
+        })
+        .collect();
+    Array::from_slice(&v, &[n as i32])
+}
+
+/// Writes the default model into `dir` as described by `opts`.
+pub fn write_hf_dir(dir: &Path, opts: HfDir) {
+    let g = gguf::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .expect("run `make setup`");
+    let c = &g.config;
+    let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim);
+    let arch = opts.arch.unwrap_or("llama");
+    let mut out: Vec<(String, Array)> = Vec::new();
+    let mut put = |name: String, w: Array, matrix: bool| match (opts.quantize, matrix) {
+        (Some((group, bits)), true) => {
+            let (q, s, b) = ops::quantize(&w, group, bits).unwrap();
+            out.push((format!("{name}.weight"), q));
+            out.push((format!("{name}.scales"), s));
+            out.push((format!("{name}.biases"), b));
+        }
+        _ => out.push((format!("{name}.weight"), w)),
+    };
+    let dense = |n: &str| g.weights.dense(n, Dtype::Float32).unwrap();
+    put("model.embed_tokens".into(), dense("token_embd"), true);
+    put("model.norm".into(), dense("output_norm"), false);
+    let mut extras: Vec<(String, Array)> = Vec::new();
+    for i in 0..c.layers {
+        let (b, h) = (format!("blk.{i}."), format!("model.layers.{i}."));
+        put(
+            format!("{h}input_layernorm"),
+            dense(&format!("{b}attn_norm")),
+            false,
+        );
+        put(
+            format!("{h}post_attention_layernorm"),
+            dense(&format!("{b}ffn_norm")),
+            false,
+        );
+        put(
+            format!("{h}self_attn.q_proj"),
+            unpermute(&dense(&format!("{b}attn_q")), heads),
+            true,
+        );
+        put(
+            format!("{h}self_attn.k_proj"),
+            unpermute(&dense(&format!("{b}attn_k")), kv_heads),
+            true,
+        );
+        put(
+            format!("{h}self_attn.v_proj"),
+            dense(&format!("{b}attn_v")),
+            true,
+        );
+        put(
+            format!("{h}self_attn.o_proj"),
+            dense(&format!("{b}attn_output")),
+            true,
+        );
+        put(
+            format!("{h}mlp.gate_proj"),
+            dense(&format!("{b}ffn_gate")),
+            true,
+        );
+        put(
+            format!("{h}mlp.up_proj"),
+            dense(&format!("{b}ffn_up")),
+            true,
+        );
+        put(
+            format!("{h}mlp.down_proj"),
+            dense(&format!("{b}ffn_down")),
+            true,
+        );
+        if arch == "qwen2" {
+            extras.push((
+                format!("{h}self_attn.q_proj.bias"),
+                unpermute(&extra("q_bias", i, c.heads * hd), heads),
+            ));
+            extras.push((
+                format!("{h}self_attn.k_proj.bias"),
+                unpermute(&extra("k_bias", i, c.kv_heads * hd), kv_heads),
+            ));
+            extras.push((
+                format!("{h}self_attn.v_proj.bias"),
+                extra("v_bias", i, c.kv_heads * hd),
+            ));
+        }
+        if arch == "qwen3" {
+            extras.push((
+                format!("{h}self_attn.q_norm.weight"),
+                unpermute(&extra("q_norm", i, hd), 1),
+            ));
+            extras.push((
+                format!("{h}self_attn.k_norm.weight"),
+                unpermute(&extra("k_norm", i, hd), 1),
+            ));
+        }
+    }
+    out.extend(extras);
+    Array::save_safetensors(
+        out.iter().map(|(k, v)| (k.as_str(), v)),
+        None,
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config = json!({
+        "model_type": arch, "hidden_size": c.hidden, "num_hidden_layers": c.layers,
+        "num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads, "head_dim": hd,
+        "intermediate_size": c.ffn, "vocab_size": c.vocab, "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_eps, "max_position_embeddings": c.context_length, "tie_word_embeddings": true,
+    });
+    if let Some((group_size, bits)) = opts.quantize {
+        config["quantization"] = json!({ "group_size": group_size, "bits": bits });
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let text = TextInfo::from_gguf(&g.vocab).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), text.tokenizer_json().unwrap()).unwrap();
+    let tk_config = json!({
+        "chat_template": text.chat_template, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), tk_config.to_string()).unwrap();
+}
