@@ -153,3 +153,28 @@ fn prompts_over_the_context_window_are_refused() {
     let err = generate(&m.model, &mut kv, &req, |_| true).expect_err("refused");
     assert!(err.to_string().contains("context window is 8192"), "{err}");
 }
+
+#[test]
+fn dense_f32_and_f16_gguf_files_load_and_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let chat = &fixtures()["chats"][0];
+    for (dtype, required) in [(mlx_rs::Dtype::Float32, 32), (mlx_rs::Dtype::Float16, 32)] {
+        let path = dir.path().join(format!("smollm2-{dtype:?}.gguf"));
+        support::write_dense_gguf(&path, dtype);
+        let m = load(&path).expect("load the dense GGUF");
+        let mut kv = DenseKv::new(m.model.config.layers);
+        let req = GenerateRequest {
+            prompt: ids(&chat["prompt_ids"]),
+            max_tokens: required,
+            stop_ids: vec![],
+            sampling: SamplingParams::default(),
+            prefill_chunk: 512,
+        };
+        let got = generate(&m.model, &mut kv, &req, |_| true).unwrap();
+        assert_eq!(
+            got.tokens,
+            ids(&chat["greedy_ids"])[..required],
+            "{dtype:?}"
+        );
+    }
+}

@@ -183,3 +183,70 @@ pub fn write_hf_dir(dir: &Path, opts: HfDir) {
     });
     std::fs::write(dir.join("tokenizer_config.json"), tk_config.to_string()).unwrap();
 }
+
+/// Writes the default model as a GGUF file with every tensor stored dense as `dtype` (F32 or
+/// F16), with the metadata the engine reads.
+pub fn write_dense_gguf(path: &Path, dtype: Dtype) {
+    use mlx_rs::io::GgufFile;
+    let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let g = gguf::load(&src).expect("run `make setup`");
+    let c = &g.config;
+    let v = &g.vocab;
+    let mut f = GgufFile::new().unwrap();
+    let num = |x: f64| Array::from_slice(&[x as f32], &[]);
+    let int = |x: usize| Array::from_slice(&[x as u32], &[]);
+    f.insert_metadata("general.architecture", "llama").unwrap();
+    for (k, a) in [
+        ("llama.block_count", int(c.layers)),
+        ("llama.context_length", int(c.context_length)),
+        ("llama.embedding_length", int(c.hidden)),
+        ("llama.feed_forward_length", int(c.ffn)),
+        ("llama.attention.head_count", int(c.heads)),
+        ("llama.attention.head_count_kv", int(c.kv_heads)),
+        ("llama.rope.freq_base", num(f64::from(c.rope_theta))),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            num(f64::from(c.rms_eps)),
+        ),
+        ("tokenizer.ggml.bos_token_id", int(v.bos.unwrap() as usize)),
+        ("tokenizer.ggml.eos_token_id", int(v.eos.unwrap() as usize)),
+    ] {
+        f.insert_metadata(k, a).unwrap();
+    }
+    f.insert_metadata("tokenizer.ggml.model", v.model.as_str())
+        .unwrap();
+    f.insert_metadata("tokenizer.ggml.pre", v.pre.as_str())
+        .unwrap();
+    f.insert_metadata("tokenizer.ggml.tokens", v.tokens.clone())
+        .unwrap();
+    f.insert_metadata("tokenizer.ggml.merges", v.merges.clone())
+        .unwrap();
+    let types = Array::from_slice(&v.token_types, &[v.token_types.len() as i32]);
+    f.insert_metadata("tokenizer.ggml.token_type", types)
+        .unwrap();
+    if let Some(t) = &v.chat_template {
+        f.insert_metadata("tokenizer.chat_template", t.as_str())
+            .unwrap();
+    }
+    let mut names = vec!["token_embd".to_string(), "output_norm".to_string()];
+    for i in 0..c.layers {
+        for p in [
+            "attn_norm",
+            "ffn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ] {
+            names.push(format!("blk.{i}.{p}"));
+        }
+    }
+    for n in names {
+        let w = g.weights.dense(&n, dtype).unwrap();
+        f.insert_array(format!("{n}.weight"), &w).unwrap();
+    }
+    f.save(path).unwrap();
+}
