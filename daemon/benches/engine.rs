@@ -3,8 +3,8 @@
 //! - BLAS: f32/f16/bf16 1024² matmul GFLOP/s as linked (OpenBLAS on Linux), and f32 again in a
 //!   child process with the mlx-cpu wheel's reference BLAS preloaded, for the comparison.
 //! - The default model: load time, resident memory, prefill tok/s on a 512-token prompt, decode
-//!   tok/s at batch 1, and decode against the memory-bandwidth limit (weight bytes read per token
-//!   vs a measured copy bandwidth).
+//!   tok/s at batch 1 (dense K/V store and paged pool), and decode against the memory-bandwidth
+//!   limit (weight bytes read per token vs a measured copy bandwidth).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -12,6 +12,8 @@ use std::time::Instant;
 use mlx_rs::{Dtype, ops, random};
 use mlxcel_daemon::generate::{GenerateRequest, generate};
 use mlxcel_daemon::kv::DenseKv;
+use mlxcel_daemon::paged::PagedSeq;
+use mlxcel_daemon::pool::{BlockPool, PoolShape};
 use mlxcel_daemon::sampler::SamplingParams;
 
 const CHILD_FLAG: &str = "MLXCEL_BENCH_MATMUL_ONLY";
@@ -150,6 +152,25 @@ fn main() {
         g.tokens.len(),
         g.decode_time.as_secs_f64()
     );
+
+    // The same decode through the paged pool (32-token blocks): gathers K/V by block table.
+    let shape = PoolShape {
+        layers: m.config.layers,
+        num_blocks: 16,
+        block_tokens: 32,
+        kv_heads: m.config.kv_heads,
+        head_dim: m.config.head_dim,
+        dtype: m.placement.dtype,
+    };
+    let mut pool = BlockPool::new(shape).expect("pool");
+    let mut seq = PagedSeq::default();
+    let g = generate(m, &mut seq.store(&mut pool), &req, |_| true).expect("paged decode");
+    let paged_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
+    println!(
+        "decode batch 1, paged pool: {paged_tps:.1} tok/s ({:.2}x the dense store)",
+        paged_tps / decode_tps
+    );
+    seq.free(&mut pool);
 
     let bytes = m.weight_bytes_per_token() as f64;
     let bw = copy_gbs();

@@ -19,6 +19,11 @@ pub trait KvStore {
         self.len() == 0
     }
 
+    /// Makes room for `tokens` new tokens before a forward pass (a no-op where room is free).
+    fn reserve(&mut self, _tokens: usize) -> Result<()> {
+        Ok(())
+    }
+
     /// Stores `k` and `v` (`[1, kv_heads, new_tokens, head_dim]`) for `layer` and returns all
     /// keys and values of the sequence for that layer (`[1, kv_heads, len + new, head_dim]`).
     fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)>;

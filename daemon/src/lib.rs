@@ -5,6 +5,8 @@
 //! - [`device`]: Metal GPU where available, else CPU; the compute dtype for each.
 //! - [`model`]: configuration, weights (GGUF), and the Llama-family forward pass.
 //! - [`kv`]: the [`kv::KvStore`] interface attention reads K/V through, and a dense store.
+//! - [`pool`]: the paged KV pool (block tensors, free list, refcounts).
+//! - [`paged`]: a sequence's block table and its [`kv::KvStore`] over the pool.
 //! - [`tokenizer`]: a `tokenizers::Tokenizer` built from GGUF metadata, plus the chat template,
 //!   special tokens and context length.
 //! - [`sampler`]: greedy and sampled decoding with penalties and a seeded RNG.
@@ -14,6 +16,8 @@ pub mod device;
 pub mod generate;
 pub mod kv;
 pub mod model;
+pub mod paged;
+pub mod pool;
 pub mod sampler;
 pub mod tokenizer;
 
@@ -32,6 +36,14 @@ pub enum EngineError {
     /// The tokenizer could not be built or used.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// The KV pool has no room for the tokens of a step right now.
+    #[error(
+        "the KV pool is full: {needed_tokens} tokens need room and {free_blocks} blocks are free"
+    )]
+    PoolExhausted {
+        needed_tokens: usize,
+        free_blocks: u32,
+    },
     /// A request asked for something the model cannot do.
     #[error("{0}")]
     Request(String),

@@ -135,6 +135,7 @@ impl Model {
     pub fn forward(&self, tokens: &[u32], kv: &mut dyn KvStore) -> Result<Array> {
         let c = &self.config;
         let t = tokens.len() as i32;
+        kv.reserve(tokens.len())?;
         let offset = kv.len() as i32;
         let ids = Array::from_slice(tokens, &[t]);
         let mut x = self

@@ -1,0 +1,115 @@
+//! A sequence's view of the paged pool: its block table, and a [`KvStore`] that writes new K/V
+//! rows into its blocks and gathers all of them for attention.
+//!
+//! The first blocks may be shared (mapped from the prefix cache, refcount +1): their rows are
+//! only read. Before each forward pass the caller reserves room for the new tokens
+//! ([`PagedSeq::reserve`]), which is where the pool can say "not now".
+
+use mlx_rs::Array;
+
+use crate::Result;
+use crate::kv::KvStore;
+use crate::pool::{BlockId, BlockPool};
+
+/// One sequence's blocks and length.
+#[derive(Debug, Default, Clone)]
+pub struct PagedSeq {
+    /// Block ids in sequence order.
+    pub table: Vec<BlockId>,
+    /// Tokens stored.
+    pub len: usize,
+}
+
+impl PagedSeq {
+    /// A sequence that starts from `shared` cached blocks holding `shared.len() × block_tokens`
+    /// tokens (the caller has taken a reference on each).
+    pub fn with_prefix(shared: Vec<BlockId>, block_tokens: usize) -> Self {
+        let len = shared.len() * block_tokens;
+        Self { table: shared, len }
+    }
+
+    /// Makes room for `tokens` more tokens, allocating blocks; false (and nothing taken) when the
+    /// pool is short.
+    pub fn reserve(&mut self, pool: &mut BlockPool, tokens: usize) -> bool {
+        let bt = pool.shape().block_tokens;
+        let needed = (self.len + tokens).div_ceil(bt);
+        let missing = needed.saturating_sub(self.table.len());
+        match pool.allocate(missing) {
+            Some(blocks) => {
+                self.table.extend(blocks);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops this sequence's reference on every block (cancel, finish, preempt).
+    pub fn free(&mut self, pool: &mut BlockPool) {
+        for b in self.table.drain(..) {
+            pool.release(b);
+        }
+        self.len = 0;
+    }
+
+    /// Pool row ids of positions `from..to`.
+    fn rows(&self, bt: usize, from: usize, to: usize) -> Array {
+        let rows: Vec<i32> = (from..to)
+            .map(|p| (self.table[p / bt] as usize * bt + p % bt) as i32)
+            .collect();
+        Array::from_slice(&rows, &[rows.len() as i32])
+    }
+
+    /// A [`KvStore`] over `pool` for one forward pass.
+    pub fn store<'a>(&'a mut self, pool: &'a mut BlockPool) -> PagedStore<'a> {
+        PagedStore {
+            seq: self,
+            pool,
+            pending: 0,
+        }
+    }
+}
+
+/// [`KvStore`] backed by the pool (see [`PagedSeq::store`]).
+pub struct PagedStore<'a> {
+    seq: &'a mut PagedSeq,
+    pool: &'a mut BlockPool,
+    /// New tokens of the current pass (set by the first layer's append).
+    pending: usize,
+}
+
+impl KvStore for PagedStore<'_> {
+    fn len(&self) -> usize {
+        self.seq.len
+    }
+
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        if self.seq.reserve(self.pool, tokens) {
+            Ok(())
+        } else {
+            Err(crate::EngineError::PoolExhausted {
+                needed_tokens: tokens,
+                free_blocks: self.pool.free_blocks(),
+            })
+        }
+    }
+
+    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
+        let t = k.shape()[2] as usize;
+        self.pending = t;
+        let bt = self.pool.shape().block_tokens;
+        let (start, end) = (self.seq.len, self.seq.len + t);
+        if end > self.seq.table.len() * bt {
+            return Err(crate::EngineError::Request(format!(
+                "no room reserved for {t} tokens at position {start} (call PagedSeq::reserve first)"
+            )));
+        }
+        self.pool
+            .write(layer, &self.seq.rows(bt, start, end), &k, &v)?;
+        self.pool.read(layer, &self.seq.rows(bt, 0, end))
+    }
+
+    fn commit(&mut self, tokens: usize) {
+        debug_assert_eq!(tokens, self.pending);
+        self.seq.len += tokens;
+    }
+}

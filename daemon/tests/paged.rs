@@ -1,0 +1,135 @@
+//! The paged pool against the dense path: the same golden tokens, prefixes shared between
+//! sequences by block id, blocks conserved, and the pool's bytes as MLX measures them equal to
+//! the cache manager's formula.
+
+mod support;
+
+use mlx_rs::Dtype;
+use mlxcel_daemon::generate::{GenerateRequest, generate};
+use mlxcel_daemon::paged::PagedSeq;
+use mlxcel_daemon::pool::{BlockPool, PoolShape};
+use mlxcel_daemon::sampler::SamplingParams;
+use support::{fixtures, ids, root};
+
+fn shape(layers: usize, num_blocks: u32, block_tokens: usize) -> PoolShape {
+    PoolShape {
+        layers,
+        num_blocks,
+        block_tokens,
+        kv_heads: 3,
+        head_dim: 64,
+        dtype: Dtype::Float32,
+    }
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        stop_ids: vec![],
+        sampling: SamplingParams::default(),
+        prefill_chunk: 24,
+    }
+}
+
+#[test]
+fn paged_attention_gives_the_golden_tokens_and_shares_prefixes() {
+    let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .expect("make setup");
+    let layers = m.model.config.layers;
+    for block_tokens in [32, 5] {
+        let mut pool = BlockPool::new(shape(layers, 64, block_tokens)).unwrap();
+        let total = pool.free_blocks();
+        for chat in fixtures()["chats"].as_array().unwrap() {
+            let prompt = ids(&chat["prompt_ids"]);
+            let want = ids(&chat["greedy_ids"]);
+            // A cold sequence computes the whole prompt.
+            let mut a = PagedSeq::default();
+            let got = generate(
+                &m.model,
+                &mut a.store(&mut pool),
+                &request(prompt.clone(), 32),
+                |_| true,
+            )
+            .unwrap();
+            assert_eq!(got.tokens, want, "block_tokens {block_tokens}");
+            // A second sequence maps the first one's full prompt blocks and computes only the rest.
+            let shared_blocks = (prompt.len() - 1) / block_tokens;
+            let shared: Vec<u32> = a.table[..shared_blocks].to_vec();
+            for &b in &shared {
+                pool.retain(b);
+            }
+            let mut b = PagedSeq::with_prefix(shared, block_tokens);
+            assert_eq!(b.len, shared_blocks * block_tokens);
+            let got = generate(
+                &m.model,
+                &mut b.store(&mut pool),
+                &request(prompt.clone(), 16),
+                |_| true,
+            )
+            .unwrap();
+            assert_eq!(
+                got.tokens,
+                want[..16],
+                "with {shared_blocks} shared blocks of {block_tokens}"
+            );
+            assert!(
+                a.table[..shared_blocks]
+                    .iter()
+                    .all(|&x| pool.refcount(x) == 2)
+            );
+            a.free(&mut pool);
+            b.free(&mut pool);
+            assert_eq!(pool.free_blocks(), total, "every block comes back");
+        }
+        assert_eq!(pool.bugs().double_frees, 0);
+    }
+}
+
+#[test]
+fn a_full_pool_says_not_now_without_taking_more_blocks() {
+    let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .expect("make setup");
+    let mut pool = BlockPool::new(shape(m.model.config.layers, 2, 16)).unwrap();
+    let mut seq = PagedSeq::default();
+    let err = generate(
+        &m.model,
+        &mut seq.store(&mut pool),
+        &request(vec![1; 40], 1),
+        |_| true,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("KV pool is full"), "{err}");
+    // The first 24-token chunk took both blocks; the second chunk's refusal took nothing more.
+    assert_eq!((seq.table.len(), pool.free_blocks()), (2, 0));
+    seq.free(&mut pool);
+    assert_eq!(pool.free_blocks(), 2);
+}
+
+#[test]
+fn measured_pool_bytes_equal_the_cache_managers_formula() {
+    let pool = BlockPool::new(shape(30, 10, 32)).unwrap();
+    let geometry = mlxcel_ipc::Geometry {
+        model_id: "m".into(),
+        layers: 30,
+        kv_heads: 3,
+        head_dim: 64,
+        dtype: mlxcel_ipc::Dtype::F32,
+        block_tokens: 32,
+        pool_blocks: 10,
+    };
+    assert_eq!(pool.measured_bytes(), geometry.pool_bytes().unwrap());
+    assert_eq!(
+        pool.shape().block_bytes() as u64,
+        geometry.block_bytes().unwrap()
+    );
+}
+
+#[test]
+#[should_panic(expected = "double free")]
+fn a_double_free_fails_loudly_in_debug_builds() {
+    let mut pool = BlockPool::new(shape(1, 2, 4)).unwrap();
+    let b = pool.allocate(1).unwrap()[0];
+    pool.release(b);
+    pool.release(b);
+}
