@@ -162,19 +162,7 @@ fn dense_f32_and_f16_gguf_files_load_and_match() {
         let path = dir.path().join(format!("smollm2-{dtype:?}.gguf"));
         support::write_dense_gguf(&path, dtype);
         let m = load(&path).expect("load the dense GGUF");
-        let mut kv = DenseKv::new(m.model.config.layers);
-        let req = GenerateRequest {
-            prompt: ids(&chat["prompt_ids"]),
-            max_tokens: required,
-            stop_ids: vec![],
-            sampling: SamplingParams::default(),
-            prefill_chunk: 512,
-        };
-        let got = generate(&m.model, &mut kv, &req, |_| true).unwrap();
-        assert_eq!(
-            got.tokens,
-            ids(&chat["greedy_ids"])[..required],
-            "{dtype:?}"
-        );
+        let got = support::greedy(&m.model, ids(&chat["prompt_ids"]), required);
+        assert_eq!(got, ids(&chat["greedy_ids"])[..required], "{dtype:?}");
     }
 }

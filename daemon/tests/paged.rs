@@ -8,7 +8,6 @@ use mlx_rs::Dtype;
 use mlxcel_daemon::generate::{GenerateRequest, generate};
 use mlxcel_daemon::paged::PagedSeq;
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
-use mlxcel_daemon::sampler::SamplingParams;
 use support::{fixtures, ids, root};
 
 fn shape(layers: usize, num_blocks: u32, block_tokens: usize) -> PoolShape {
@@ -24,11 +23,8 @@ fn shape(layers: usize, num_blocks: u32, block_tokens: usize) -> PoolShape {
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
     GenerateRequest {
-        prompt,
-        max_tokens,
-        stop_ids: vec![],
-        sampling: SamplingParams::default(),
         prefill_chunk: 24,
+        ..support::greedy_request(prompt, max_tokens)
     }
 }
 

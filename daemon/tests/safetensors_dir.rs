@@ -7,9 +7,6 @@ mod support;
 
 use std::path::Path;
 
-use mlxcel_daemon::generate::{GenerateRequest, generate};
-use mlxcel_daemon::kv::DenseKv;
-use mlxcel_daemon::sampler::SamplingParams;
 use serde_json::json;
 use support::{HfDir, fixtures, ids, write_hf_dir};
 
@@ -33,17 +30,9 @@ fn greedy_matches(dir: &Path, required: usize) {
             m.text.encode(chat["prompt"].as_str().unwrap()).unwrap(),
             ids(&chat["prompt_ids"])
         );
-        let mut kv = DenseKv::new(m.model.config.layers);
-        let req = GenerateRequest {
-            prompt: ids(&chat["prompt_ids"]),
-            max_tokens: required,
-            stop_ids: vec![],
-            sampling: SamplingParams::default(),
-            prefill_chunk: 512,
-        };
-        let got = generate(&m.model, &mut kv, &req, |_| true).unwrap();
+        let got = support::greedy(&m.model, ids(&chat["prompt_ids"]), required);
         assert_eq!(
-            got.tokens,
+            got,
             ids(&chat["greedy_ids"])[..required],
             "prompt {:?}",
             chat["messages"]

@@ -6,10 +6,7 @@
 
 mod support;
 
-use mlxcel_daemon::generate::{GenerateRequest, generate};
-use mlxcel_daemon::kv::DenseKv;
 use mlxcel_daemon::model::Arch;
-use mlxcel_daemon::sampler::SamplingParams;
 use support::{HfDir, fixtures, ids, write_hf_dir};
 
 fn check(arch: &'static str, expected: Arch) {
@@ -37,16 +34,10 @@ fn check(arch: &'static str, expected: Arch) {
     );
     let m = mlxcel_daemon::load(dir.path()).unwrap();
     assert_eq!(m.model.config.arch, expected);
-    let mut kv = DenseKv::new(m.model.config.layers);
-    let req = GenerateRequest {
-        prompt: ids(&chat["prompt_ids"]),
-        max_tokens: want.len(),
-        stop_ids: vec![],
-        sampling: SamplingParams::default(),
-        prefill_chunk: 512,
-    };
-    let got = generate(&m.model, &mut kv, &req, |_| true).unwrap();
-    assert_eq!(got.tokens, want);
+    assert_eq!(
+        support::greedy(&m.model, ids(&chat["prompt_ids"]), want.len()),
+        want
+    );
 }
 
 #[test]

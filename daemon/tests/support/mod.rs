@@ -5,7 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use mlx_rs::{Array, Dtype, ops};
-use mlxcel_daemon::model::gguf;
+use mlxcel_daemon::generate::{GenerateRequest, generate};
+use mlxcel_daemon::kv::{DenseKv, KvStore};
+use mlxcel_daemon::model::{Model, gguf};
+use mlxcel_daemon::sampler::SamplingParams;
 use mlxcel_daemon::tokenizer::TextInfo;
 use serde_json::{Value, json};
 
@@ -25,6 +28,39 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().expect("id") as u32)
         .collect()
+}
+
+/// A greedy request for `max_tokens` tokens with no stop ids.
+pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        stop_ids: vec![],
+        sampling: SamplingParams::default(),
+        prefill_chunk: 512,
+    }
+}
+
+/// `max_tokens` greedy tokens after `prompt`, with a fresh dense K/V store.
+pub fn greedy(model: &Model, prompt: Vec<u32>, max_tokens: usize) -> Vec<u32> {
+    greedy_with(
+        model,
+        &mut DenseKv::new(model.config.layers),
+        prompt,
+        max_tokens,
+    )
+}
+
+/// `max_tokens` greedy tokens after `prompt` with the K/V store `kv`.
+pub fn greedy_with(
+    model: &Model,
+    kv: &mut dyn KvStore,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> Vec<u32> {
+    generate(model, kv, &greedy_request(prompt, max_tokens), |_| true)
+        .expect("generate")
+        .tokens
 }
 
 /// GGUF stores Q/K rows permuted for interleaved RoPE; undo it (llama.cpp's `permute`, inverted).
