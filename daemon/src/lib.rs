@@ -2,6 +2,7 @@
 //! on Linux), the tokenizer the front end will use, and single-sequence generation.
 //!
 //! # Layout
+//! - [`cache_client`]: the connection to the cache manager (register, acquire, donate, orders).
 //! - [`device`]: Metal GPU where available, else CPU; the compute dtype for each.
 //! - [`model`]: configuration, weights (GGUF), and the Llama-family forward pass.
 //! - [`kv`]: the [`kv::KvStore`] interface attention reads K/V through, and a dense store.
@@ -12,6 +13,7 @@
 //! - [`sampler`]: greedy and sampled decoding with penalties and a seeded RNG.
 //! - [`generate`]: the generation loop for one sequence.
 
+pub mod cache_client;
 pub mod device;
 pub mod generate;
 pub mod kv;

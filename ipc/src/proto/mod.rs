@@ -2,12 +2,14 @@
 //!
 //! - [`cache`]: daemon ↔ cache manager (register, acquire/unlease, donate, release, inventory).
 //! - [`admin`]: operators and the front end ↔ cache manager (stats, entries, evict, capacity).
+//! - [`daemon`]: front end ↔ daemon (generate, cancel, info, health; streamed tokens).
 //!
 //! Every server-to-client enum has an `Error` variant carrying a [`WireError`], so a bad frame
 //! always gets a reply the client can decode.
 
 pub mod admin;
 pub mod cache;
+pub mod daemon;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,160 @@
+//! Front end ↔ daemon: token-level requests in, streamed tokens out.
+//!
+//! The front end renders templates and tokenizes (from the tokenizer the daemon hands over in
+//! [`ModelInfo`]); the daemon sees token ids only. One connection carries many requests at once,
+//! each named by a [`RequestId`] the front end chooses; every `Generate` ends with exactly one
+//! `Done` or `Failed`. Closing the connection cancels all of its requests.
+
+use serde::{Deserialize, Serialize};
+
+use super::WireError;
+use super::cache::Epoch;
+use crate::{Geometry, TokenId};
+
+/// Names a request on its connection.
+pub type RequestId = u64;
+
+/// Sampling settings (OpenAI's names; neutral values disable each).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// 0 = greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    pub min_p: f32,
+    pub seed: Option<u64>,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Generate {
+    pub request_id: RequestId,
+    /// Prompt token ids (template already applied).
+    pub prompt: Vec<TokenId>,
+    pub max_tokens: u32,
+    /// Token ids that end generation (not emitted).
+    pub stop_ids: Vec<TokenId>,
+    pub sampling: Sampling,
+    /// Send each token's log-probability.
+    pub logprobs: bool,
+    /// Requests with different salts never share cached blocks.
+    pub cache_salt: Option<String>,
+}
+
+/// Messages from the front end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FrontendToDaemon {
+    Generate(Generate),
+    /// Stop a request; it ends with `Done { finish: Cancelled }` (or nothing if already done).
+    Cancel {
+        request_id: RequestId,
+    },
+    /// Ask for [`ModelInfo`].
+    Info,
+    /// Ask for [`DaemonHealth`].
+    Health,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Cancelled,
+}
+
+/// Token counts and timings of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache (not computed).
+    pub cached_tokens: u32,
+    pub generated_tokens: u32,
+    pub queue_ms: u64,
+    pub prefill_ms: u64,
+    pub decode_ms: u64,
+}
+
+/// The pool's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PoolStats {
+    pub total_blocks: u32,
+    pub free_blocks: u32,
+    /// Blocks the daemon holds a cache reference on.
+    pub cache_blocks: u32,
+    pub block_bytes: u64,
+    /// Bytes of the pool tensors as the engine measures them.
+    pub pool_bytes_measured: u64,
+}
+
+/// What the front end needs to know about the loaded model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub model_id: String,
+    pub context_length: u32,
+    pub vocab_size: u32,
+    /// The tokenizer, serialized as `tokenizer.json`.
+    pub tokenizer_json: String,
+    pub chat_template: Option<String>,
+    pub bos: Option<TokenId>,
+    pub eos: Option<TokenId>,
+    /// Token ids that end a turn.
+    pub stop_ids: Vec<TokenId>,
+    pub geometry: Geometry,
+    pub pool: PoolStats,
+}
+
+/// The daemon's state, for `/health` and `mlxcelctl status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonHealth {
+    pub cachemgr_connected: bool,
+    pub epoch: Option<Epoch>,
+    pub running: u32,
+    pub waiting: u32,
+    pub pool: PoolStats,
+}
+
+/// Messages from the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum DaemonToFrontend {
+    /// The next generated token of a request.
+    Token {
+        request_id: RequestId,
+        token: TokenId,
+        logprob: Option<f32>,
+    },
+    /// A request finished.
+    Done {
+        request_id: RequestId,
+        finish: FinishReason,
+        usage: Usage,
+    },
+    /// A request failed (bad input, prompt too long, engine error); nothing more follows for it.
+    Failed {
+        request_id: RequestId,
+        error: WireError,
+    },
+    Info(Box<ModelInfo>),
+    Health(DaemonHealth),
+    /// A frame that was not understood.
+    Error(WireError),
+}
