@@ -125,12 +125,7 @@ fn client(socket: PathBuf, orders: mpsc::UnboundedSender<ManagerOrder>) -> Cache
     CacheClient::spawn(config, orders)
 }
 
-async fn donate(
-    c: &CacheClient,
-    held: &Arc<Mutex<HashSet<u32>>>,
-    hashes: &[BlockHash],
-    blocks: &[u32],
-) -> Vec<u32> {
+async fn donate(c: &CacheClient, held: &Held, hashes: &[BlockHash], blocks: &[u32]) -> Vec<u32> {
     let chain = hashes
         .iter()
         .zip(blocks)
