@@ -10,11 +10,11 @@ SOCKET_DIR ?=
 setup:
 	bash scripts/setup.sh
 
-## serve: build (release) and run the service in the foreground. For now this is the cache
-## manager alone; the daemon and HTTP front end join it as they land.
+## serve: build (release) and run the service in the foreground: the cache manager and the
+## daemon on the default model (the HTTP front end joins when it lands).
 serve: setup
 	$(CARGO) build --release --workspace --bins
-	./target/release/mlxcel-cachemgr $(if $(SOCKET_DIR),--socket-dir $(SOCKET_DIR))
+	SOCKET_DIR=$(SOCKET_DIR) bash scripts/serve.sh
 
 ## test: formatting, lints (warnings are errors), then every test in the workspace.
 test: setup lint

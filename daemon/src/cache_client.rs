@@ -36,17 +36,25 @@ pub enum ManagerOrder {
     Inventory {
         reply: oneshot::Sender<InventoryReport>,
     },
+    /// The outcome of [`CacheClient::donate_ordered`] `tag`, in order with releases (a release
+    /// of a donated block always comes after this).
+    Donated { tag: u64, outcome: DonateOutcome },
+    /// Donation `tag` got no answer (the connection ended first): the cache keeps none of it.
+    DonationLost { tag: u64 },
     /// The connection is gone: drop every cache reference (nobody governs them now).
     Disconnected,
 }
 
 type Pending = Arc<Mutex<HashMap<CallId, oneshot::Sender<CacheToDaemon>>>>;
+/// Donations whose outcome goes to the orders channel: call id -> the engine's tag.
+type Donations = Arc<Mutex<HashMap<CallId, u64>>>;
 
 /// A handle to the connection task; cheap to clone.
 #[derive(Clone)]
 pub struct CacheClient {
     outgoing: mpsc::UnboundedSender<DaemonToCache>,
     pending: Pending,
+    donations: Donations,
     next_call: Arc<Mutex<CallId>>,
     epoch: watch::Receiver<Option<Epoch>>,
     timeout: Duration,
@@ -71,15 +79,26 @@ impl CacheClient {
     ) -> CacheClient {
         let (outgoing, out_rx) = mpsc::unbounded_channel();
         let pending: Pending = Arc::default();
+        let donations: Donations = Arc::default();
         let (epoch_tx, epoch) = watch::channel(None);
         let client = CacheClient {
             outgoing,
             pending: pending.clone(),
+            donations: donations.clone(),
             next_call: Arc::default(),
             epoch,
             timeout: config.request_timeout,
         };
-        tokio::spawn(connection_task(config, out_rx, pending, epoch_tx, orders));
+        tokio::spawn(connection_task(
+            config,
+            out_rx,
+            Shared {
+                pending,
+                donations,
+                epoch: epoch_tx,
+                orders,
+            },
+        ));
         client
     }
 
@@ -94,13 +113,33 @@ impl CacheClient {
         matches!(tokio::time::timeout(limit, wait).await, Ok(Ok(_)))
     }
 
+    fn next_call(&self) -> Option<CallId> {
+        let mut next = self.next_call.lock().ok()?;
+        *next += 1;
+        Some(*next)
+    }
+
+    /// Offers a finished sequence's blocks; the outcome arrives on the orders channel as
+    /// [`ManagerOrder::Donated`] (or [`ManagerOrder::DonationLost`]) with `tag`. False when no
+    /// manager is registered (nothing was sent).
+    pub fn donate_ordered(&self, tag: u64, blocks: Vec<DonatedBlock>) -> bool {
+        if self.epoch().is_none() {
+            return false;
+        }
+        let Some(call) = self.next_call() else {
+            return false;
+        };
+        if let Ok(mut d) = self.donations.lock() {
+            d.insert(call, tag);
+        }
+        self.outgoing
+            .send(DaemonToCache::Donate { call, blocks })
+            .is_ok()
+    }
+
     async fn call(&self, make: impl FnOnce(CallId) -> DaemonToCache) -> Option<CacheToDaemon> {
         self.epoch()?;
-        let call = {
-            let mut next = self.next_call.lock().ok()?;
-            *next += 1;
-            *next
-        };
+        let call = self.next_call()?;
         let (tx, rx) = oneshot::channel();
         self.pending.lock().ok()?.insert(call, tx);
         if self.outgoing.send(make(call)).is_err() {
@@ -159,12 +198,18 @@ impl CacheClient {
     }
 }
 
+/// State shared between the handle and the connection task.
+struct Shared {
+    pending: Pending,
+    donations: Donations,
+    epoch: watch::Sender<Option<Epoch>>,
+    orders: mpsc::UnboundedSender<ManagerOrder>,
+}
+
 async fn connection_task(
     config: CacheClientConfig,
     mut out_rx: mpsc::UnboundedReceiver<DaemonToCache>,
-    pending: Pending,
-    epoch: watch::Sender<Option<Epoch>>,
-    orders: mpsc::UnboundedSender<ManagerOrder>,
+    shared: Shared,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -172,21 +217,20 @@ async fn connection_task(
             Ok(conn) => {
                 backoff = Duration::from_millis(50);
                 let (reader, writer) = conn.into_split();
-                session(
-                    &config,
-                    reader,
-                    writer,
-                    &mut out_rx,
-                    &pending,
-                    &epoch,
-                    &orders,
-                )
-                .await;
-                let _ = epoch.send(None);
-                if let Ok(mut p) = pending.lock() {
+                session(&config, reader, writer, &mut out_rx, &shared).await;
+                let _ = shared.epoch.send(None);
+                if let Ok(mut p) = shared.pending.lock() {
                     p.clear();
                 }
-                if orders.send(ManagerOrder::Disconnected).is_err() {
+                let lost: Vec<u64> = shared
+                    .donations
+                    .lock()
+                    .map(|mut d| d.drain().map(|(_, t)| t).collect())
+                    .unwrap_or_default();
+                for tag in lost {
+                    let _ = shared.orders.send(ManagerOrder::DonationLost { tag });
+                }
+                if shared.orders.send(ManagerOrder::Disconnected).is_err() {
                     return;
                 }
                 tracing::warn!(
@@ -197,7 +241,7 @@ async fn connection_task(
         }
         // Requests sent while disconnected are dropped: their callers already got None.
         while out_rx.try_recv().is_ok() {}
-        if orders.is_closed() {
+        if shared.orders.is_closed() {
             return;
         }
         tokio::time::sleep(backoff).await;
@@ -215,9 +259,7 @@ async fn session(
     mut reader: Reader,
     mut writer: Writer,
     out_rx: &mut mpsc::UnboundedReceiver<DaemonToCache>,
-    pending: &Pending,
-    epoch: &watch::Sender<Option<Epoch>>,
-    orders: &mpsc::UnboundedSender<ManagerOrder>,
+    shared: &Shared,
 ) {
     // One writer: requests from the engine and acknowledgements of orders share it.
     let (to_manager, mut to_write) = mpsc::unbounded_channel::<DaemonToCache>();
@@ -260,7 +302,7 @@ async fn session(
                     None => break,
                 },
                 msg = incoming.recv() => match msg {
-                    Some(m) => if !handle(m, pending, epoch, orders, &to_manager).await { break },
+                    Some(m) => if !handle(m, shared, &to_manager).await { break },
                     None => break,
                 },
             }
@@ -273,11 +315,15 @@ async fn session(
 /// Handles one message from the manager; false ends the session.
 async fn handle(
     msg: CacheToDaemon,
-    pending: &Pending,
-    epoch: &watch::Sender<Option<Epoch>>,
-    orders: &mpsc::UnboundedSender<ManagerOrder>,
+    shared: &Shared,
     ack: &mpsc::UnboundedSender<DaemonToCache>,
 ) -> bool {
+    let Shared {
+        pending,
+        donations,
+        epoch,
+        orders,
+    } = shared;
     match msg {
         CacheToDaemon::Registered {
             epoch: e,
@@ -325,6 +371,14 @@ async fn handle(
             return ack
                 .send(DaemonToCache::Inventory { inventory, report })
                 .is_ok();
+        }
+        CacheToDaemon::Donated { call, outcome }
+            if donations.lock().is_ok_and(|d| d.contains_key(&call)) =>
+        {
+            let tag = donations.lock().ok().and_then(|mut d| d.remove(&call));
+            if let Some(tag) = tag {
+                return orders.send(ManagerOrder::Donated { tag, outcome }).is_ok();
+            }
         }
         reply => {
             let call = match &reply {

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`cache_client`]: the connection to the cache manager (register, acquire, donate, orders).
+//! - [`engine`]: the engine thread: pool, scheduler, requests, the cache side of each request.
 //! - [`device`]: Metal GPU where available, else CPU; the compute dtype for each.
 //! - [`model`]: configuration, weights (GGUF), and the Llama-family forward pass.
 //! - [`kv`]: the [`kv::KvStore`] interface attention reads K/V through, and a dense store.
@@ -10,17 +11,20 @@
 //! - [`paged`]: a sequence's block table and its [`kv::KvStore`] over the pool.
 //! - [`tokenizer`]: a `tokenizers::Tokenizer` built from GGUF metadata, plus the chat template,
 //!   special tokens and context length.
+//! - [`server`]: the daemon's socket for front ends.
 //! - [`sampler`]: greedy and sampled decoding with penalties and a seeded RNG.
 //! - [`generate`]: the generation loop for one sequence.
 
 pub mod cache_client;
 pub mod device;
+pub mod engine;
 pub mod generate;
 pub mod kv;
 pub mod model;
 pub mod paged;
 pub mod pool;
 pub mod sampler;
+pub mod server;
 pub mod tokenizer;
 
 pub use loader::{Loaded, load};

@@ -89,6 +89,8 @@ fn holder() -> (mpsc::UnboundedSender<ManagerOrder>, Held, Arc<Mutex<u32>>) {
                         engine_active_bytes: 0,
                     });
                 }
+                // This test's donations use the awaited `donate`, not `donate_ordered`.
+                ManagerOrder::Donated { .. } | ManagerOrder::DonationLost { .. } => {}
                 ManagerOrder::Disconnected => {
                     h.lock().unwrap().clear();
                     *d.lock().unwrap() += 1;

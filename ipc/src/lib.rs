@@ -8,7 +8,8 @@
 //! - [`codec`]: the only place that knows the payload encoding (bincode 2 + serde).
 //! - [`connection`]: [`FrameReader`] / [`FrameWriter`] / [`Connection`]: length-prefixed frames
 //!   with a hard size limit; framing never leaks into command logic.
-//! - [`hello`]: the handshake every connection starts with, and the protocol version.
+//! - [`hello`]: the handshake every connection starts with, and the protocol version;
+//!   [`handshake`]: its server side (peer uid check included).
 //! - [`proto`]: the conversations: daemon ↔ cache manager ([`proto::cache`]) and admin
 //!   (ctl, frontend) ↔ cache manager ([`proto::admin`]), plus the shared error body.
 //! - [`geometry`]: model KV geometry and the one formula for a block's real size in bytes.
@@ -23,6 +24,7 @@ pub mod client;
 pub mod codec;
 pub mod connection;
 pub mod geometry;
+pub mod handshake;
 pub mod hello;
 pub mod proto;
 pub mod runtime_dir;

@@ -2,21 +2,19 @@
 //! that owns the [`Cache`](crate::Cache).
 //!
 //! - [`cache_task`]: owns the cache; commands in, replies and daemon messages out; the timer.
-//! - [`handshake`]: the `Hello` exchange and the peer uid check.
 //! - [`daemon_conn`]: the daemon's conversation (register, acquire, donate, releases, inventory).
 //! - [`admin_conn`]: operators' and the front end's request/reply conversation.
 
 pub mod admin_conn;
 pub mod cache_task;
 pub mod daemon_conn;
-pub mod handshake;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, RuntimeDir};
-use mlxcel_ipc::{Limits, Role, socket};
+use mlxcel_ipc::{Limits, Role, handshake, socket};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -1,10 +1,11 @@
-//! The server side of the handshake: peer uid check, then `Hello` → `Welcome` or `Refused`.
+//! The server side of the handshake, shared by every mlxcel server: peer uid check, then
+//! `Hello` → `Welcome` or `Refused`.
 
 use std::time::Duration;
 
-use mlxcel_ipc::hello::check_hello;
-use mlxcel_ipc::socket::{LocalStream, check_peer};
-use mlxcel_ipc::{Connection, FrameError, Hello, HelloReply, Limits, PROTOCOL_VERSION, Role};
+use crate::hello::check_hello;
+use crate::socket::{LocalStream, check_peer};
+use crate::{Connection, FrameError, Hello, HelloReply, Limits, PROTOCOL_VERSION, Role};
 
 /// Accepts a client: refuses other users, then reads its `Hello` within `timeout`.
 /// Returns None (after telling the client why, where possible) when the client is refused.

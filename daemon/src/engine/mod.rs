@@ -1,0 +1,606 @@
+//! The engine thread: it owns the model, the paged pool and every running sequence, and is the
+//! only place MLX runs. Sockets and timers live on tokio and talk to it through [`Command`]s; it
+//! answers through per-connection event channels, so a slow client never stalls a step.
+//!
+//! Scheduling: a FIFO waiting queue admitted by free blocks (up to `max_running` sequences), and
+//! round-robin steps over the running ones: a prefill chunk or one decode token each. (Batching
+//! the decode steps of several sequences into one forward pass is the next step.)
+//!
+//! The cache side: a request arrives with the prefix the cache manager leased to it; the engine
+//! maps those blocks (refcount +1) and prefills only the rest. When a request ends, its full
+//! blocks are offered to the manager; the outcome comes back in order with the manager's other
+//! orders, and the engine adds the cache's reference to the retained blocks before dropping the
+//! sequence's own.
+
+mod sequence;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::time::Instant;
+
+use mlx_rs::Dtype;
+use mlxcel_ipc::proto::cache::{DonatedBlock, Epoch, InventoryReport, LeaseId};
+use mlxcel_ipc::proto::daemon::{
+    DaemonHealth, DaemonToFrontend, FinishReason, Generate, ModelInfo, PoolStats, RequestId,
+};
+use mlxcel_ipc::proto::{ErrorCode, WireError};
+use mlxcel_ipc::{BlockId, Geometry};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
+
+use crate::cache_client::{CacheClient, ManagerOrder};
+use crate::paged::PagedSeq;
+use crate::pool::{BlockPool, PoolShape};
+use crate::sampler::{Sampler, SamplingParams};
+use crate::{EngineError, Loaded, Result};
+use sequence::{Sequence, Step};
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model: PathBuf,
+    pub block_tokens: usize,
+    /// Bytes for the KV pool (None = a quarter of available memory, at most 4 GiB).
+    pub kv_pool_bytes: Option<u64>,
+    pub prefill_chunk: usize,
+    pub max_running: usize,
+}
+
+/// The prefix the cache manager leased to a request.
+#[derive(Debug, Clone, Default)]
+pub struct Prefix {
+    pub lease: Option<LeaseId>,
+    pub blocks: Vec<BlockId>,
+}
+
+/// Work for the engine thread.
+pub enum Command {
+    Submit {
+        conn: u64,
+        req: Generate,
+        prefix: Prefix,
+        events: UnboundedSender<DaemonToFrontend>,
+    },
+    Cancel {
+        conn: u64,
+        request_id: RequestId,
+    },
+    ConnectionClosed {
+        conn: u64,
+    },
+    /// The cache-manager client, and the runtime its requests run on.
+    AttachCache(CacheClient, tokio::runtime::Handle),
+    Order(ManagerOrder),
+    Health {
+        connected: bool,
+        epoch: Option<Epoch>,
+        reply: oneshot::Sender<DaemonHealth>,
+    },
+    Shutdown,
+}
+
+/// What the engine reports once the model is loaded.
+pub struct Started {
+    pub info: ModelInfo,
+    pub geometry: Geometry,
+}
+
+/// Starts the engine thread: loads the model, builds the pool, then serves commands.
+pub fn spawn(
+    config: EngineConfig,
+) -> Result<(Sender<Command>, Started, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || match Engine::load(&config) {
+            Ok((engine, started)) => {
+                let _ = started_tx.send(Ok(started));
+                engine.run(rx);
+            }
+            Err(e) => {
+                let _ = started_tx.send(Err(e));
+            }
+        })
+        .map_err(|e| EngineError::Request(format!("cannot start the engine thread: {e}")))?;
+    let started = started_rx
+        .recv()
+        .map_err(|_| EngineError::Request("the engine thread died while loading".into()))??;
+    Ok((tx, started, handle))
+}
+
+struct Finishing {
+    seq: PagedSeq,
+    lease: Option<LeaseId>,
+}
+
+struct Engine {
+    loaded: Loaded,
+    pool: BlockPool,
+    config: EngineConfig,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    /// Blocks the engine holds a cache reference on.
+    cache_held: HashSet<BlockId>,
+    /// Sequences whose donation outcome has not arrived yet, by tag.
+    finishing: HashMap<u64, Finishing>,
+    next_tag: u64,
+    cache: Option<CacheClient>,
+    runtime: Option<tokio::runtime::Handle>,
+    epoch: Option<Epoch>,
+}
+
+fn pool_blocks(config: &EngineConfig, block_bytes: u64) -> u32 {
+    let bytes = config.kv_pool_bytes.unwrap_or_else(|| {
+        let available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemAvailable:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .map_or(8 << 30, |kb| kb * 1024);
+        (available / 4).min(4 << 30)
+    });
+    (bytes / block_bytes.max(1)).min(u64::from(u32::MAX)) as u32
+}
+
+impl Engine {
+    fn load(config: &EngineConfig) -> Result<(Engine, Started)> {
+        let loaded = crate::load(&config.model)?;
+        let c = &loaded.model.config;
+        let dtype = loaded.model.placement.dtype;
+        let mut shape = PoolShape {
+            layers: c.layers,
+            num_blocks: 0,
+            block_tokens: config.block_tokens,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            dtype,
+        };
+        shape.num_blocks = pool_blocks(config, shape.block_bytes() as u64);
+        if shape.num_blocks == 0 {
+            return Err(EngineError::Request(
+                "the KV pool is smaller than one block".into(),
+            ));
+        }
+        let pool = BlockPool::new(shape)?;
+        let geometry = Geometry {
+            model_id: loaded.model_id.clone(),
+            layers: c.layers as u32,
+            kv_heads: c.kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            dtype: match dtype {
+                Dtype::Float32 => mlxcel_ipc::Dtype::F32,
+                Dtype::Bfloat16 => mlxcel_ipc::Dtype::BF16,
+                _ => mlxcel_ipc::Dtype::F16,
+            },
+            block_tokens: config.block_tokens as u32,
+            pool_blocks: shape.num_blocks,
+        };
+        tracing::info!(
+            blocks = shape.num_blocks,
+            block_bytes = shape.block_bytes(),
+            pool_bytes = pool.measured_bytes(),
+            "KV pool ready"
+        );
+        let info = ModelInfo {
+            model_id: loaded.model_id.clone(),
+            context_length: loaded.text.context_length as u32,
+            vocab_size: c.vocab as u32,
+            tokenizer_json: loaded.text.tokenizer_json()?,
+            chat_template: loaded.text.chat_template.clone(),
+            bos: loaded.text.bos,
+            eos: loaded.text.eos,
+            stop_ids: loaded.text.stop_ids.clone(),
+            geometry: geometry.clone(),
+            pool: PoolStats::default(),
+        };
+        let mut engine = Engine {
+            loaded,
+            pool,
+            config: config.clone(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            cache_held: HashSet::new(),
+            finishing: HashMap::new(),
+            next_tag: 0,
+            cache: None,
+            runtime: None,
+            epoch: None,
+        };
+        let info = ModelInfo {
+            pool: engine.pool_stats(),
+            ..info
+        };
+        engine.next_tag = 1;
+        Ok((engine, Started { info, geometry }))
+    }
+
+    fn pool_stats(&self) -> PoolStats {
+        let shape = self.pool.shape();
+        PoolStats {
+            total_blocks: shape.num_blocks,
+            free_blocks: self.pool.free_blocks(),
+            cache_blocks: self.cache_held.len() as u32,
+            block_bytes: shape.block_bytes() as u64,
+            pool_bytes_measured: self.pool.measured_bytes(),
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Command>) {
+        loop {
+            // Idle: wait for work. Busy: take whatever arrived, then step.
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match rx.recv() {
+                    Ok(cmd) => {
+                        if !self.command(cmd) {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if !self.command(cmd) {
+                            self.shutdown();
+                            return;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.shutdown();
+                        return;
+                    }
+                }
+            }
+            self.admit();
+            self.step_all();
+        }
+        self.shutdown();
+    }
+
+    /// Applies one command; false to stop.
+    fn command(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit {
+                conn,
+                req,
+                prefix,
+                events,
+            } => self.submit(conn, req, prefix, events),
+            Command::Cancel { conn, request_id } => {
+                self.cancel(|s| s.conn == conn && s.id == request_id)
+            }
+            Command::ConnectionClosed { conn } => self.cancel(|s| s.conn == conn),
+            Command::AttachCache(client, runtime) => {
+                self.cache = Some(client);
+                self.runtime = Some(runtime);
+            }
+            Command::Order(order) => self.order(order),
+            Command::Health {
+                connected,
+                epoch,
+                reply,
+            } => {
+                let _ = reply.send(DaemonHealth {
+                    cachemgr_connected: connected,
+                    epoch,
+                    running: self.running.len() as u32,
+                    waiting: self.waiting.len() as u32,
+                    pool: self.pool_stats(),
+                });
+            }
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    fn submit(
+        &mut self,
+        conn: u64,
+        req: Generate,
+        prefix: Prefix,
+        events: UnboundedSender<DaemonToFrontend>,
+    ) {
+        let ctx = self.loaded.model.config.context_length;
+        let fail = |events: &UnboundedSender<DaemonToFrontend>, message: String| {
+            let error = WireError::new(ErrorCode::BadRequest, message);
+            let _ = events.send(DaemonToFrontend::Failed {
+                request_id: req.request_id,
+                error,
+            });
+        };
+        if req.prompt.is_empty() {
+            return fail(&events, "the prompt is empty".into());
+        }
+        if req.prompt.len() >= ctx {
+            self.unlease(prefix.lease);
+            return fail(
+                &events,
+                format!(
+                    "the prompt has {} tokens; the context window is {ctx}",
+                    req.prompt.len()
+                ),
+            );
+        }
+        if let Some(&bad) = req
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.loaded.model.config.vocab)
+        {
+            self.unlease(prefix.lease);
+            return fail(&events, format!("token id {bad} is outside the vocabulary"));
+        }
+        let bt = self.config.block_tokens;
+        // Map only blocks that leave at least one prompt token to compute, and only live ones.
+        let usable = prefix.blocks.len().min((req.prompt.len() - 1) / bt);
+        let mapped: Vec<BlockId> = prefix.blocks[..usable]
+            .iter()
+            .copied()
+            .take_while(|&b| self.pool.refcount(b) > 0)
+            .collect();
+        for &b in &mapped {
+            self.pool.retain(b);
+        }
+        let cached_tokens = mapped.len() * bt;
+        let s = &req.sampling;
+        let params = SamplingParams {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k as usize,
+            min_p: s.min_p,
+            seed: s.seed,
+            repetition_penalty: s.repetition_penalty,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+        };
+        let now = Instant::now();
+        self.waiting.push_back(Sequence {
+            conn,
+            id: req.request_id,
+            sampler: Sampler::new(params.clone(), &req.prompt),
+            params,
+            max_tokens: (req.max_tokens as usize).min(ctx - req.prompt.len()),
+            kv: PagedSeq::with_prefix(mapped, bt),
+            prompt: req.prompt,
+            generated: Vec::new(),
+            lease: prefix.lease,
+            cached_tokens,
+            stop_ids: req.stop_ids,
+            logprobs: req.logprobs,
+            salt: req.cache_salt,
+            events,
+            queued_at: now,
+            started_at: now,
+            prefill_done_at: None,
+            next_logits: None,
+        });
+    }
+
+    /// Starts waiting sequences, oldest first, while the pool has room for their prompts.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.max_running {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let bt = self.config.block_tokens;
+            let need = front
+                .prompt
+                .len()
+                .div_ceil(bt)
+                .saturating_sub(front.kv.table.len()) as u32;
+            if need > self.pool.free_blocks() {
+                if self.running.is_empty() && need > self.pool.shape().num_blocks {
+                    // Can never fit: fail it rather than wait forever.
+                    if let Some(mut s) = self.waiting.pop_front() {
+                        let error = WireError::new(
+                            ErrorCode::BadRequest,
+                            "the prompt needs more KV blocks than the pool has",
+                        );
+                        let _ = s.events.send(DaemonToFrontend::Failed {
+                            request_id: s.id,
+                            error,
+                        });
+                        s.kv.free(&mut self.pool);
+                        self.unlease(s.lease);
+                    }
+                    continue;
+                }
+                self.reclaim(need - self.pool.free_blocks());
+                break;
+            }
+            if let Some(mut s) = self.waiting.pop_front() {
+                s.started_at = Instant::now();
+                self.running.push(s);
+            }
+        }
+    }
+
+    /// Asks the cache manager to evict cached blocks the pool needs (fire and forget; the
+    /// releases arrive as orders).
+    fn reclaim(&self, blocks: u32) {
+        if let (Some(client), Some(rt)) = (self.cache.clone(), &self.runtime)
+            && !self.cache_held.is_empty()
+        {
+            rt.spawn(async move {
+                client.reclaim(blocks).await;
+            });
+        }
+    }
+
+    fn step_all(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let result = self.running[i].step(
+                &self.loaded.model,
+                &mut self.pool,
+                self.config.prefill_chunk,
+            );
+            match result {
+                Ok(Step::Continue) => i += 1,
+                Ok(Step::Finished(reason)) => {
+                    let s = self.running.remove(i);
+                    self.finish(s, reason);
+                }
+                Err(EngineError::PoolExhausted { .. }) => {
+                    // Preempt the youngest running sequence to make room; it recomputes later.
+                    let youngest = self.running.len() - 1;
+                    let mut s = self.running.remove(youngest);
+                    tracing::info!(request = s.id, "preempting: the KV pool is full");
+                    s.kv.free(&mut self.pool);
+                    s.generated.clear();
+                    s.next_logits = None;
+                    s.sampler = Sampler::new(s.params.clone(), &s.prompt);
+                    self.waiting.push_front(s);
+                    if youngest == i {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    let mut s = self.running.remove(i);
+                    let error = WireError::new(ErrorCode::BadRequest, e.to_string());
+                    let _ = s.events.send(DaemonToFrontend::Failed {
+                        request_id: s.id,
+                        error,
+                    });
+                    s.kv.free(&mut self.pool);
+                    self.unlease(s.lease);
+                }
+            }
+        }
+    }
+
+    /// Offers the full blocks to the cache (or frees them), then reports the end. The donation
+    /// is queued to the manager first, so a request sent after this `Done` finds its prefix.
+    fn finish(&mut self, mut s: Sequence, reason: FinishReason) {
+        let usage = s.usage();
+        let bt = self.config.block_tokens;
+        let hashes = s.full_block_hashes(&self.loaded.model_id, bt);
+        let blocks: Vec<DonatedBlock> = hashes
+            .iter()
+            .zip(&s.kv.table)
+            .map(|(&hash, &block)| DonatedBlock { hash, block })
+            .collect();
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let offered = !blocks.is_empty()
+            && self
+                .cache
+                .as_ref()
+                .is_some_and(|c| c.donate_ordered(tag, blocks));
+        if offered {
+            let seq = std::mem::take(&mut s.kv);
+            self.finishing.insert(
+                tag,
+                Finishing {
+                    seq,
+                    lease: s.lease,
+                },
+            );
+        } else {
+            s.kv.free(&mut self.pool);
+            self.unlease(s.lease);
+        }
+        let _ = s.events.send(DaemonToFrontend::Done {
+            request_id: s.id,
+            finish: reason,
+            usage,
+        });
+    }
+
+    fn cancel(&mut self, matches: impl Fn(&Sequence) -> bool) {
+        let mut gone: Vec<Sequence> = Vec::new();
+        let mut keep = Vec::with_capacity(self.running.len());
+        for s in self.running.drain(..) {
+            if matches(&s) {
+                gone.push(s)
+            } else {
+                keep.push(s)
+            }
+        }
+        self.running = keep;
+        let (waiting_gone, waiting_keep): (Vec<_>, Vec<_>) =
+            self.waiting.drain(..).partition(|s| matches(s));
+        self.waiting = waiting_keep.into();
+        for mut s in gone.into_iter().chain(waiting_gone) {
+            let usage = s.usage();
+            let _ = s.events.send(DaemonToFrontend::Done {
+                request_id: s.id,
+                finish: FinishReason::Cancelled,
+                usage,
+            });
+            s.kv.free(&mut self.pool);
+            self.unlease(s.lease);
+        }
+    }
+
+    fn unlease(&self, lease: Option<LeaseId>) {
+        if let (Some(lease), Some(client)) = (lease, &self.cache) {
+            client.unlease(lease);
+        }
+    }
+
+    fn order(&mut self, order: ManagerOrder) {
+        match order {
+            ManagerOrder::Registered(epoch) => self.epoch = Some(epoch),
+            ManagerOrder::Release { blocks, done } => {
+                for b in blocks {
+                    if self.cache_held.remove(&b) {
+                        self.pool.release(b);
+                    } else {
+                        tracing::warn!(block = b, "release of a block not held for the cache");
+                    }
+                }
+                let _ = done.send(());
+            }
+            ManagerOrder::Inventory { reply } => {
+                let stats = self.pool_stats();
+                let _ = reply.send(InventoryReport {
+                    epoch: self.epoch.unwrap_or(Epoch(0)),
+                    cache_blocks: self.cache_held.iter().copied().collect(),
+                    pool_blocks: stats.total_blocks,
+                    free_blocks: stats.free_blocks,
+                    pool_bytes_measured: stats.pool_bytes_measured,
+                    engine_active_bytes: mlx_rs::memory::active_memory().unwrap_or(0) as u64,
+                });
+            }
+            ManagerOrder::Donated { tag, outcome } => {
+                if let Some(mut f) = self.finishing.remove(&tag) {
+                    for &b in &outcome.retained {
+                        if self.cache_held.insert(b) {
+                            self.pool.retain(b);
+                        }
+                    }
+                    f.seq.free(&mut self.pool);
+                    self.unlease(f.lease);
+                }
+            }
+            ManagerOrder::DonationLost { tag } => {
+                if let Some(mut f) = self.finishing.remove(&tag) {
+                    f.seq.free(&mut self.pool);
+                }
+            }
+            ManagerOrder::Disconnected => {
+                self.epoch = None;
+                for b in self.cache_held.drain() {
+                    self.pool.release(b);
+                }
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        self.cancel(|_| true);
+        for (_, mut f) in self.finishing.drain() {
+            f.seq.free(&mut self.pool);
+        }
+        for b in self.cache_held.drain() {
+            self.pool.release(b);
+        }
+        tracing::info!(free_blocks = self.pool.free_blocks(), "engine stopped");
+    }
+}

@@ -1,0 +1,118 @@
+//! One request on the engine: its prompt, block table, sampler and progress.
+
+use std::time::Instant;
+
+use mlx_rs::Array;
+use mlxcel_ipc::BlockHash;
+use mlxcel_ipc::proto::cache::LeaseId;
+use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, RequestId, Usage};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::Result;
+use crate::model::Model;
+use crate::paged::PagedSeq;
+use crate::pool::BlockPool;
+use crate::sampler::{Sampler, SamplingParams};
+
+/// What a step did.
+pub enum Step {
+    /// More to do.
+    Continue,
+    /// Finished; the caller donates its blocks and frees it.
+    Finished(FinishReason),
+}
+
+/// A running request.
+pub struct Sequence {
+    pub conn: u64,
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub generated: Vec<u32>,
+    pub kv: PagedSeq,
+    pub lease: Option<LeaseId>,
+    pub cached_tokens: usize,
+    pub sampler: Sampler,
+    /// The request's sampling settings (to start over after a preemption).
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    pub stop_ids: Vec<u32>,
+    pub logprobs: bool,
+    pub salt: Option<String>,
+    pub events: UnboundedSender<DaemonToFrontend>,
+    pub queued_at: Instant,
+    pub started_at: Instant,
+    pub prefill_done_at: Option<Instant>,
+    /// Logits of the last computed position, waiting to be sampled.
+    pub next_logits: Option<Array>,
+}
+
+impl Sequence {
+    /// Runs one step: a prefill chunk of at most `chunk` tokens, or one decode token.
+    pub fn step(&mut self, model: &Model, pool: &mut BlockPool, chunk: usize) -> Result<Step> {
+        if self.kv.len < self.prompt.len() {
+            let end = (self.kv.len + chunk).min(self.prompt.len());
+            let piece = self.prompt[self.kv.len..end].to_vec();
+            let logits = model.forward(&piece, &mut self.kv.store(pool))?;
+            logits.eval()?;
+            if self.kv.len == self.prompt.len() {
+                self.next_logits = Some(logits);
+                self.prefill_done_at = Some(Instant::now());
+            }
+            return Ok(Step::Continue);
+        }
+        let Some(logits) = self.next_logits.take() else {
+            return Ok(Step::Finished(FinishReason::Length));
+        };
+        let row = logits
+            .try_as_slice::<f32>()
+            .map_err(|e| crate::EngineError::Request(format!("logits: {e}")))?;
+        let choice = self.sampler.sample(row);
+        if self.stop_ids.contains(&choice.token) {
+            return Ok(Step::Finished(FinishReason::Stop));
+        }
+        self.generated.push(choice.token);
+        let _ = self.events.send(DaemonToFrontend::Token {
+            request_id: self.id,
+            token: choice.token,
+            logprob: self.logprobs.then_some(choice.logprob),
+        });
+        if self.generated.len() >= self.max_tokens {
+            return Ok(Step::Finished(FinishReason::Length));
+        }
+        let logits = model.forward(&[choice.token], &mut self.kv.store(pool))?;
+        logits.eval()?;
+        self.next_logits = Some(logits);
+        Ok(Step::Continue)
+    }
+
+    /// Token counts and timings so far.
+    pub fn usage(&self) -> Usage {
+        let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_millis() as u64;
+        let now = Instant::now();
+        let prefill_end = self.prefill_done_at.unwrap_or(now);
+        Usage {
+            prompt_tokens: self.prompt.len() as u32,
+            cached_tokens: self.cached_tokens as u32,
+            generated_tokens: self.generated.len() as u32,
+            queue_ms: ms(self.queued_at, self.started_at),
+            prefill_ms: ms(self.started_at, prefill_end),
+            decode_ms: ms(prefill_end, now),
+        }
+    }
+
+    /// The tokens whose K/V the sequence's blocks hold, in order.
+    pub fn stored_tokens(&self) -> Vec<u32> {
+        self.prompt
+            .iter()
+            .chain(self.generated.iter())
+            .copied()
+            .take(self.kv.len)
+            .collect()
+    }
+
+    /// Hashes of the full blocks of the stored tokens.
+    pub fn full_block_hashes(&self, model_id: &str, block_tokens: usize) -> Vec<BlockHash> {
+        let seed = mlxcel_ipc::HashSeed::new(model_id, self.salt.as_deref());
+        mlxcel_ipc::block_hash::block_hashes(&seed, &self.stored_tokens(), block_tokens)
+    }
+}

@@ -1,0 +1,173 @@
+//! `mlxcel-daemon`: the inference worker. See `--help`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use mlxcel_daemon::cache_client::{CacheClient, CacheClientConfig};
+use mlxcel_daemon::engine::{self, Command, EngineConfig};
+use mlxcel_daemon::server::{self, Shared};
+use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
+use mlxcel_ipc::size::parse_size;
+use mlxcel_ipc::{Limits, socket};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+/// mlxcel-daemon: runs a model on MLX (Metal on macOS, CPU on Linux) and serves token-level
+/// generation requests on `<socket-dir>/daemon.sock`, keeping its KV cache in a paged pool whose
+/// retained blocks are governed by mlxcel-cachemgr (`<socket-dir>/cachemgr.sock`). It serves
+/// without prefix reuse while the cache manager is away and registers again when it returns.
+#[derive(Debug, Parser)]
+#[command(name = "mlxcel-daemon", version, about, long_about)]
+struct Args {
+    /// A .gguf file or an MLX / Hugging Face model directory; `default` is
+    /// models/SmolLM2-135M-Instruct.Q4_1.gguf (installed by `make setup`).
+    #[arg(long, env = "MLXCEL_MODEL", default_value = "default")]
+    model: String,
+
+    /// Directory for the sockets (default: $XDG_RUNTIME_DIR/mlxcel, else /tmp/mlxcel-<uid>).
+    #[arg(long, env = "MLXCEL_SOCKET_DIR", value_name = "DIR")]
+    socket_dir: Option<PathBuf>,
+
+    /// Bytes for the paged KV pool, e.g. 1GiB; `auto` = a quarter of available memory, at most 4 GiB.
+    #[arg(long, env = "MLXCEL_KV_POOL_BYTES", default_value = "auto")]
+    kv_pool_bytes: String,
+
+    /// Tokens per KV block (the unit the cache manager books).
+    #[arg(long, env = "MLXCEL_BLOCK_TOKENS", default_value_t = 32)]
+    block_tokens: usize,
+
+    /// Prompt tokens per prefill step.
+    #[arg(long, env = "MLXCEL_PREFILL_CHUNK", default_value_t = 512)]
+    prefill_chunk: usize,
+
+    /// Sequences running at once; more wait in the queue.
+    #[arg(long, env = "MLXCEL_MAX_BATCH_SIZE", default_value_t = 8)]
+    max_batch_size: usize,
+
+    /// Largest IPC frame (the model info frame carries the tokenizer), at most 64MiB.
+    #[arg(long, env = "MLXCEL_DAEMON_MAX_FRAME_BYTES", default_value = "32MiB", value_parser = parse_size)]
+    max_frame_bytes: u64,
+
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive list.
+    #[arg(long, env = "MLXCEL_LOG", default_value = "info")]
+    log_level: String,
+}
+
+fn resolve_model(arg: &str) -> Result<PathBuf, String> {
+    if arg != "default" {
+        return Ok(PathBuf::from(arg));
+    }
+    let name = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    let mut candidates = vec![PathBuf::from(name)];
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(root) = exe
+            .parent()
+            .and_then(|d| d.parent())
+            .and_then(|d| d.parent())
+    {
+        candidates.push(root.join(name));
+    }
+    candidates.into_iter().find(|p| p.exists()).ok_or_else(|| {
+        format!(
+            "the default model ({name}) is not installed: run `make setup` or pass --model PATH"
+        )
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("mlxcel-daemon: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let model = resolve_model(&args.model)?;
+    let kv_pool_bytes = match args.kv_pool_bytes.as_str() {
+        "auto" => None,
+        s => Some(parse_size(s).map_err(|e| format!("--kv-pool-bytes: {e}"))?),
+    };
+    let dir = RuntimeDir::new(args.socket_dir.as_deref());
+    dir.ensure().map_err(|e| e.to_string())?;
+    let daemon_socket = dir.socket(DAEMON_SOCKET).map_err(|e| e.to_string())?;
+    let cachemgr_socket = dir.socket(CACHEMGR_SOCKET).map_err(|e| e.to_string())?;
+    let config = EngineConfig {
+        model,
+        block_tokens: args.block_tokens.max(1),
+        kv_pool_bytes,
+        prefill_chunk: args.prefill_chunk.max(1),
+        max_running: args.max_batch_size.max(1),
+    };
+    tracing::info!(model = %config.model.display(), "loading the model");
+    let (engine_tx, started, engine_thread) =
+        engine::spawn(config.clone()).map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let listener = socket::bind(&daemon_socket).await.map_err(|e| e.to_string())?;
+        let (orders_tx, mut orders_rx) = tokio::sync::mpsc::unbounded_channel();
+        let cache = CacheClient::spawn(
+            CacheClientConfig {
+                socket: cachemgr_socket,
+                geometry: started.geometry.clone(),
+                max_backoff: Duration::from_secs(2),
+                request_timeout: Duration::from_secs(5),
+            },
+            orders_tx,
+        );
+        let _ = engine_tx.send(Command::AttachCache(cache.clone(), tokio::runtime::Handle::current()));
+        let forward = engine_tx.clone();
+        tokio::spawn(async move {
+            while let Some(order) = orders_rx.recv().await {
+                if forward.send(Command::Order(order)).is_err() {
+                    return;
+                }
+            }
+        });
+        tracing::info!(socket = %daemon_socket.display(), model = %started.info.model_id, "daemon listening");
+        let shutdown = CancellationToken::new();
+        tokio::spawn(stop_on_signal(shutdown.clone()));
+        let limits = Limits::new(usize::try_from(args.max_frame_bytes).unwrap_or(usize::MAX));
+        let shared = Shared { engine: engine_tx.clone(), info: Arc::new(started.info), cache, limits, block_tokens: config.block_tokens };
+        server::serve(listener, shared, shutdown).await;
+        let _ = engine_tx.send(Command::Shutdown);
+        let joined = tokio::task::spawn_blocking(move || engine_thread.join());
+        if tokio::time::timeout(Duration::from_secs(15), joined).await.is_err() {
+            tracing::warn!("the engine did not stop within 15 s");
+        }
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Cancels `token` on SIGTERM or SIGINT.
+async fn stop_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    token.cancel();
+}

@@ -1,0 +1,149 @@
+//! The daemon's socket: front ends (and operators) connect, send token-level requests and get
+//! streamed tokens back. Each connection has a reader loop and a writer task fed by the engine's
+//! events, so the engine never waits on a socket.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FrontendToDaemon, ModelInfo};
+use mlxcel_ipc::proto::{ErrorCode, WireError};
+use mlxcel_ipc::socket::{LocalListener, LocalStream};
+use mlxcel_ipc::{FrameError, HashSeed, Limits, Role, handshake};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cache_client::CacheClient;
+use crate::engine::{Command, Prefix};
+
+/// Everything a connection needs.
+#[derive(Clone)]
+pub struct Shared {
+    pub engine: Sender<Command>,
+    pub info: Arc<ModelInfo>,
+    pub cache: CacheClient,
+    pub limits: Limits,
+    pub block_tokens: usize,
+}
+
+/// Accepts connections until `shutdown`.
+pub async fn serve(listener: LocalListener, shared: Shared, shutdown: CancellationToken) {
+    let tracker = TaskTracker::new();
+    let next_conn = AtomicU64::new(1);
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            s = listener.accept() => match s {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let conn = next_conn.fetch_add(1, Ordering::Relaxed);
+        let shared = shared.clone();
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = connection(stream, conn, &shared) => {}
+            }
+        });
+    }
+    tracker.close();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+}
+
+async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
+    let roles = [Role::Frontend, Role::Admin];
+    let Some((conn_io, hello)) =
+        handshake::accept(stream, shared.limits, Duration::from_secs(5), &roles).await
+    else {
+        return;
+    };
+    tracing::debug!(conn, pid = hello.pid, "front end connected");
+    let (mut reader, mut writer) = conn_io.into_split();
+    let (events, mut events_rx) = mpsc::unbounded_channel::<DaemonToFrontend>();
+    let writer_task = tokio::spawn(async move {
+        while let Some(msg) = events_rx.recv().await {
+            if writer.write_frame(&msg).await.is_err() {
+                return;
+            }
+        }
+    });
+    loop {
+        let msg = match reader.read_frame::<FrontendToDaemon>().await {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) => {
+                let code = if matches!(e, FrameError::TooLarge { .. }) {
+                    ErrorCode::FrameTooLarge
+                } else {
+                    ErrorCode::BadFrame
+                };
+                let _ = events.send(DaemonToFrontend::Error(WireError::new(code, e.to_string())));
+                if e.is_recoverable() {
+                    continue;
+                }
+                break;
+            }
+        };
+        match msg {
+            FrontendToDaemon::Generate(req) => {
+                let prefix = acquire(shared, &req.prompt, req.cache_salt.as_deref()).await;
+                let cmd = Command::Submit {
+                    conn,
+                    req,
+                    prefix,
+                    events: events.clone(),
+                };
+                if shared.engine.send(cmd).is_err() {
+                    break;
+                }
+            }
+            FrontendToDaemon::Cancel { request_id } => {
+                let _ = shared.engine.send(Command::Cancel { conn, request_id });
+            }
+            FrontendToDaemon::Info => {
+                let _ = events.send(DaemonToFrontend::Info(Box::new((*shared.info).clone())));
+            }
+            FrontendToDaemon::Health => {
+                let (reply, rx) = oneshot::channel();
+                let cmd = Command::Health {
+                    connected: shared.cache.epoch().is_some(),
+                    epoch: shared.cache.epoch(),
+                    reply,
+                };
+                if shared.engine.send(cmd).is_ok()
+                    && let Ok(h) = rx.await
+                {
+                    let _ = events.send(DaemonToFrontend::Health(h));
+                }
+            }
+        }
+    }
+    drop(events);
+    // The engine holds event senders until it has ended this connection's requests.
+    let _ = shared.engine.send(Command::ConnectionClosed { conn });
+    let _ = writer_task.await;
+}
+
+/// The cached prefix of a prompt, leased from the cache manager (empty when it is away).
+async fn acquire(shared: &Shared, prompt: &[u32], salt: Option<&str>) -> Prefix {
+    if shared.cache.epoch().is_none() {
+        return Prefix::default();
+    }
+    let seed = HashSeed::new(&shared.info.model_id, salt);
+    let hashes = mlxcel_ipc::block_hash::block_hashes(&seed, prompt, shared.block_tokens);
+    if hashes.is_empty() {
+        return Prefix::default();
+    }
+    match shared.cache.acquire(hashes).await {
+        Some((lease, blocks)) => Prefix { lease, blocks },
+        None => Prefix::default(),
+    }
+}

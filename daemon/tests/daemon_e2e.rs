@@ -1,0 +1,327 @@
+//! The real `mlxcel-daemon` process with the default model and the real `mlxcel-cachemgr`:
+//! golden tokens over the socket, prefix reuse reported as cached tokens, the ledger equal to
+//! what the daemon holds, cancellation, block conservation, and a cache manager that dies
+//! mid-run.
+
+#[allow(dead_code)]
+#[path = "../../cachemgr/tests/support/manager.rs"]
+mod manager;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use manager::Manager;
+use mlxcel_ipc::client::{AdminClient, connect};
+use mlxcel_ipc::proto::admin::{AdminReply, AdminRequest, CacheStats, EvictSelector};
+use mlxcel_ipc::proto::daemon::{
+    DaemonHealth, DaemonToFrontend, FinishReason, FrontendToDaemon, Generate, Sampling, Usage,
+};
+use mlxcel_ipc::socket::LocalStream;
+use mlxcel_ipc::{Connection, Limits, Role};
+use support::{fixtures, ids, root};
+
+/// f32 SmolLM2 block: 2 x 30 layers x 3 kv heads x 64 x 4 bytes x 32 tokens.
+const BLOCK_BYTES: u64 = 1_474_560;
+
+struct Daemon(Child);
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn manager_bin() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_mlxcel-daemon"));
+    let bin = exe.with_file_name("mlxcel-cachemgr");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --workspace` first",
+        bin.display()
+    );
+    bin
+}
+
+fn start_daemon(dir: &Path, pool_blocks: u64) -> Daemon {
+    let child = Command::new(env!("CARGO_BIN_EXE_mlxcel-daemon"))
+        .arg("--socket-dir")
+        .arg(dir)
+        .arg("--model")
+        .arg(root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .args([
+            "--kv-pool-bytes",
+            &(pool_blocks * BLOCK_BYTES).to_string(),
+            "--log-level",
+            "warn",
+        ])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start mlxcel-daemon");
+    let socket = dir.join("daemon.sock");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not listen within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Daemon(child)
+}
+
+async fn frontend(dir: &Path) -> Connection<LocalStream> {
+    connect(
+        &dir.join("daemon.sock"),
+        Role::Frontend,
+        Limits::new(32 << 20),
+    )
+    .await
+    .expect("connect")
+}
+
+fn greedy(request_id: u64, prompt: Vec<u32>, max_tokens: u32) -> FrontendToDaemon {
+    FrontendToDaemon::Generate(Generate {
+        request_id,
+        prompt,
+        max_tokens,
+        stop_ids: vec![],
+        sampling: Sampling::default(),
+        logprobs: true,
+        cache_salt: None,
+    })
+}
+
+/// Reads one request's tokens until its end.
+async fn collect(
+    c: &mut Connection<LocalStream>,
+    request_id: u64,
+) -> (Vec<u32>, FinishReason, Usage) {
+    let mut tokens = Vec::new();
+    loop {
+        match c
+            .read_frame::<DaemonToFrontend>()
+            .await
+            .unwrap()
+            .expect("daemon closed")
+        {
+            DaemonToFrontend::Token {
+                request_id: r,
+                token,
+                logprob,
+            } if r == request_id => {
+                assert!(logprob.is_some_and(|l| l <= 0.0));
+                tokens.push(token);
+            }
+            DaemonToFrontend::Done {
+                request_id: r,
+                finish,
+                usage,
+            } if r == request_id => return (tokens, finish, usage),
+            DaemonToFrontend::Failed { error, .. } => panic!("request failed: {error}"),
+            _ => {}
+        }
+    }
+}
+
+async fn health(c: &mut Connection<LocalStream>) -> DaemonHealth {
+    c.write_frame(&FrontendToDaemon::Health).await.unwrap();
+    loop {
+        if let DaemonToFrontend::Health(h) = c.read_frame().await.unwrap().unwrap() {
+            return h;
+        }
+    }
+}
+
+/// Polls the daemon's health until `ok` (the pool settles asynchronously after a request).
+async fn wait_for(c: &mut Connection<LocalStream>, ok: impl Fn(&DaemonHealth) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = health(c).await;
+        if ok(&h) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the pool did not settle: {h:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn admin(socket: &Path, request: AdminRequest) -> AdminReply {
+    AdminClient::connect(socket, Role::Admin)
+        .await
+        .unwrap()
+        .request(&request)
+        .await
+        .unwrap()
+}
+
+async fn stats(socket: &Path) -> CacheStats {
+    match admin(socket, AdminRequest::Stats).await {
+        AdminReply::Stats(s) => *s,
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn wait_registered(socket: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stats(socket).await.daemon.is_none() {
+        assert!(Instant::now() < deadline, "the daemon never registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn golden_tokens_prefix_reuse_and_a_ledger_equal_to_real_memory() {
+    let m = Manager::start(&manager_bin(), &["--reconcile-interval", "off"]);
+    let _d = start_daemon(m.dir.path(), 64);
+    wait_registered(&m.socket).await;
+    let mut c = frontend(m.dir.path()).await;
+
+    c.write_frame(&FrontendToDaemon::Info).await.unwrap();
+    let info = loop {
+        if let DaemonToFrontend::Info(i) = c.read_frame().await.unwrap().unwrap() {
+            break i;
+        }
+    };
+    assert_eq!(info.model_id, "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(info.context_length, 8192);
+    assert!(info.tokenizer_json.contains("<|im_start|>"));
+    assert_eq!(info.geometry.block_bytes().unwrap(), BLOCK_BYTES);
+    assert_eq!(
+        info.pool.pool_bytes_measured,
+        64 * BLOCK_BYTES,
+        "pool bytes measured by MLX"
+    );
+
+    let chat = &fixtures()["chats"][0];
+    let (prompt, want) = (ids(&chat["prompt_ids"]), ids(&chat["greedy_ids"]));
+    c.write_frame(&greedy(1, prompt.clone(), 32)).await.unwrap();
+    let (tokens, finish, usage) = collect(&mut c, 1).await;
+    assert_eq!((tokens, finish), (want.clone(), FinishReason::Length));
+    assert_eq!(
+        (
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.generated_tokens
+        ),
+        (37, 0, 32)
+    );
+
+    // The same prompt again: its first full block comes from the cache.
+    c.write_frame(&greedy(2, prompt.clone(), 32)).await.unwrap();
+    let (tokens, _, usage) = collect(&mut c, 2).await;
+    assert_eq!(tokens, want);
+    assert_eq!(
+        usage.cached_tokens, 32,
+        "one 32-token block of the 37-token prompt was reused"
+    );
+
+    // 37 prompt + 31 computed tokens = 68 stored: two full blocks, stored once for both requests.
+    let h = health(&mut c).await;
+    let s = stats(&m.socket).await;
+    assert_eq!((s.blocks, s.used_bytes), (2, 2 * BLOCK_BYTES));
+    assert_eq!(
+        h.pool.cache_blocks, 2,
+        "the daemon holds exactly what the ledger books"
+    );
+    match admin(&m.socket, AdminRequest::Reconcile).await {
+        AdminReply::Reconciled(r) => {
+            assert_eq!((r.drift_bytes, r.inventory_bytes), (0, 2 * BLOCK_BYTES))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Conservation: once the second request's donation is settled only the cache holds blocks;
+    // with the cache emptied, every block is free again.
+    wait_for(&mut c, |h| h.pool.free_blocks == 64 - 2).await;
+    admin(&m.socket, AdminRequest::Evict(EvictSelector::All)).await;
+    wait_for(&mut c, |h| h.pool.free_blocks == 64).await;
+}
+
+#[tokio::test]
+async fn cancel_and_disconnect_free_a_requests_blocks() {
+    let m = Manager::start(&manager_bin(), &["--reconcile-interval", "off"]);
+    let _d = start_daemon(m.dir.path(), 64);
+    let mut c = frontend(m.dir.path()).await;
+    let prompt = ids(&fixtures()["chats"][1]["prompt_ids"]);
+    c.write_frame(&greedy(7, prompt.clone(), 4000))
+        .await
+        .unwrap();
+    // Wait for the first token, then cancel.
+    loop {
+        if let DaemonToFrontend::Token { .. } = c.read_frame().await.unwrap().unwrap() {
+            break;
+        }
+    }
+    c.write_frame(&FrontendToDaemon::Cancel { request_id: 7 })
+        .await
+        .unwrap();
+    let (_, finish, _) = collect(&mut c, 7).await;
+    assert_eq!(finish, FinishReason::Cancelled);
+    admin(&m.socket, AdminRequest::Evict(EvictSelector::All)).await;
+
+    // A second connection starts a long request and hangs up: the daemon frees its blocks.
+    let mut gone = frontend(m.dir.path()).await;
+    gone.write_frame(&greedy(1, prompt, 4000)).await.unwrap();
+    loop {
+        if let DaemonToFrontend::Token { .. } = gone.read_frame().await.unwrap().unwrap() {
+            break;
+        }
+    }
+    drop(gone);
+    wait_for(&mut c, |h| {
+        h.running == 0 && h.pool.free_blocks + h.pool.cache_blocks == 64
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_daemon_serves_through_a_cache_manager_restart_and_drift_returns_to_zero() {
+    let m = Manager::start(&manager_bin(), &["--reconcile-interval", "off"]);
+    let _d = start_daemon(m.dir.path(), 64);
+    wait_registered(&m.socket).await;
+    let mut c = frontend(m.dir.path()).await;
+    let chat = &fixtures()["chats"][2];
+    let (prompt, want) = (ids(&chat["prompt_ids"]), ids(&chat["greedy_ids"]));
+    c.write_frame(&greedy(1, prompt.clone(), 32)).await.unwrap();
+    // Kill the manager while the request runs; it must still complete.
+    let dir = m.kill9();
+    let (tokens, finish, _) = collect(&mut c, 1).await;
+    assert_eq!((tokens, finish), (want.clone(), FinishReason::Length));
+    // Without a manager: still served, no reuse.
+    c.write_frame(&greedy(2, prompt.clone(), 8)).await.unwrap();
+    let (tokens, _, usage) = collect(&mut c, 2).await;
+    assert_eq!(tokens, want[..8]);
+    assert_eq!(usage.cached_tokens, 0);
+    let h = health(&mut c).await;
+    assert!(!h.cachemgr_connected);
+    assert_eq!(
+        h.pool.cache_blocks, 0,
+        "nobody governs cached blocks: they were freed"
+    );
+
+    let m = Manager::start_in(&manager_bin(), dir, &["--reconcile-interval", "off"]);
+    wait_registered(&m.socket).await;
+    c.write_frame(&greedy(3, prompt, 32)).await.unwrap();
+    let (tokens, _, _) = collect(&mut c, 3).await;
+    assert_eq!(tokens, want);
+    // The donation is enqueued before Done; wait until the new ledger has it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats(&m.socket).await.blocks == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the last request's blocks never reached the new ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match admin(&m.socket, AdminRequest::Reconcile).await {
+        AdminReply::Reconciled(r) => {
+            assert_eq!(r.drift_bytes, 0);
+            assert!(
+                r.ledger_bytes > 0,
+                "the new epoch retains the last request's blocks"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
