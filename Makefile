@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: setup serve test lint build bench bench-cachemgr bench-engine goldens clean
+.PHONY: setup serve test lint build bench bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -29,13 +29,17 @@ build: setup
 	$(CARGO) build --release --workspace --bins
 
 ## bench: measured figures (not tests).
-bench: bench-cachemgr bench-engine
+bench: bench-cachemgr bench-engine bench-serving
 
 bench-cachemgr:
 	$(CARGO) bench -p mlxcel-cachemgr --bench roundtrip
 
 bench-engine: setup
 	$(CARGO) bench -p mlxcel-daemon --bench engine
+
+bench-serving: setup
+	$(CARGO) build --release --workspace --bins
+	$(CARGO) bench -p mlxcel-daemon --bench serving
 
 ## goldens: regenerate the engine's golden fixtures (builds llama-cpp-python, ~5 min).
 goldens: setup

@@ -325,3 +325,61 @@ async fn the_daemon_serves_through_a_cache_manager_restart_and_drift_returns_to_
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_full_pool_preempts_and_recomputes_without_repeating_tokens() {
+    // 6 blocks of 32 tokens; each request needs 4 (74-token prompt + 32 tokens): they cannot
+    // both hold their blocks, so one is preempted, recomputes, and continues where it stopped.
+    let m = Manager::start(
+        &manager_bin(),
+        &["--reconcile-interval", "off", "--capacity-bytes", "0"],
+    );
+    let _d = start_daemon(m.dir.path(), 6);
+    let mut c = frontend(m.dir.path()).await;
+    let chat = &fixtures()["chats"][2];
+    let (prompt, want) = (ids(&chat["prompt_ids"]), ids(&chat["greedy_ids"]));
+    c.write_frame(&greedy(1, prompt.clone(), 32)).await.unwrap();
+    c.write_frame(&greedy(2, prompt.clone(), 32)).await.unwrap();
+    let mut got: [Vec<u32>; 2] = [vec![], vec![]];
+    let mut done = 0;
+    while done < 2 {
+        match c.read_frame::<DaemonToFrontend>().await.unwrap().unwrap() {
+            DaemonToFrontend::Token {
+                request_id, token, ..
+            } => got[request_id as usize - 1].push(token),
+            DaemonToFrontend::Done { finish, .. } => {
+                assert_eq!(finish, FinishReason::Length);
+                done += 1;
+            }
+            DaemonToFrontend::Failed { error, .. } => panic!("{error}"),
+            _ => {}
+        }
+    }
+    assert_eq!(got[0], want, "request 1");
+    assert_eq!(got[1], want, "request 2: no token twice, none lost");
+    assert!(
+        health(&mut c).await.preemptions >= 1,
+        "the pool was too small for both: one was preempted"
+    );
+    wait_for(&mut c, |h| h.running == 0 && h.pool.free_blocks == 6).await;
+
+    // A prompt that needs more blocks than the whole pool fails clearly instead of waiting.
+    let long: Vec<u32> = prompt.iter().copied().cycle().take(6 * 32 + 1).collect();
+    c.write_frame(&greedy(3, long, 1)).await.unwrap();
+    loop {
+        match c.read_frame::<DaemonToFrontend>().await.unwrap().unwrap() {
+            DaemonToFrontend::Failed {
+                request_id: 3,
+                error,
+            } => {
+                assert!(
+                    error.message.contains("more KV blocks than the pool has"),
+                    "{error}"
+                );
+                break;
+            }
+            DaemonToFrontend::Done { .. } => panic!("an impossible request finished"),
+            _ => {}
+        }
+    }
+}

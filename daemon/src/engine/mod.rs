@@ -16,8 +16,8 @@ mod sequence;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::time::Instant;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::time::{Duration, Instant};
 
 use mlx_rs::Dtype;
 use mlxcel_ipc::proto::cache::{DonatedBlock, Epoch, InventoryReport, LeaseId};
@@ -126,6 +126,7 @@ struct Engine {
     /// Sequences whose donation outcome has not arrived yet, by tag.
     finishing: HashMap<u64, Finishing>,
     next_tag: u64,
+    preemptions: u64,
     cache: Option<CacheClient>,
     runtime: Option<tokio::runtime::Handle>,
     epoch: Option<Epoch>,
@@ -206,6 +207,7 @@ impl Engine {
             cache_held: HashSet::new(),
             finishing: HashMap::new(),
             next_tag: 0,
+            preemptions: 0,
             cache: None,
             runtime: None,
             epoch: None,
@@ -231,15 +233,22 @@ impl Engine {
 
     fn run(mut self, rx: Receiver<Command>) {
         loop {
-            // Idle: wait for work. Busy: take whatever arrived, then step.
-            if self.running.is_empty() && self.waiting.is_empty() {
-                match rx.recv() {
+            // Idle: wait for work. Waiting for room: wait a little (releases arrive as commands).
+            // Busy: take whatever arrived, then step.
+            if self.running.is_empty() {
+                let next = if self.waiting.is_empty() {
+                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv_timeout(Duration::from_millis(20))
+                };
+                match next {
                     Ok(cmd) => {
                         if !self.command(cmd) {
                             break;
                         }
                     }
-                    Err(_) => break,
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
             }
             loop {
@@ -291,6 +300,7 @@ impl Engine {
                     epoch,
                     running: self.running.len() as u32,
                     waiting: self.waiting.len() as u32,
+                    preemptions: self.preemptions,
                     pool: self.pool_stats(),
                 });
             }
@@ -362,8 +372,7 @@ impl Engine {
         self.waiting.push_back(Sequence {
             conn,
             id: req.request_id,
-            sampler: Sampler::new(params.clone(), &req.prompt),
-            params,
+            sampler: Sampler::new(params, &req.prompt),
             max_tokens: (req.max_tokens as usize).min(ctx - req.prompt.len()),
             kv: PagedSeq::with_prefix(mapped, bt),
             prompt: req.prompt,
@@ -388,11 +397,8 @@ impl Engine {
                 break;
             };
             let bt = self.config.block_tokens;
-            let need = front
-                .prompt
-                .len()
-                .div_ceil(bt)
-                .saturating_sub(front.kv.table.len()) as u32;
+            let tokens = front.prompt.len() + front.generated.len();
+            let need = tokens.div_ceil(bt).saturating_sub(front.kv.table.len()) as u32;
             if need > self.pool.free_blocks() {
                 if self.running.is_empty() && need > self.pool.shape().num_blocks {
                     // Can never fit: fail it rather than wait forever.
@@ -446,15 +452,32 @@ impl Engine {
                     let s = self.running.remove(i);
                     self.finish(s, reason);
                 }
+                Err(EngineError::PoolExhausted { .. })
+                    if self.running.len() == 1 && self.cache_held.is_empty() =>
+                {
+                    // Alone and nothing to reclaim: this request can never fit.
+                    let mut s = self.running.remove(i);
+                    let error = WireError::new(
+                        ErrorCode::BadRequest,
+                        "the request needs more KV blocks than the pool has",
+                    );
+                    let _ = s.events.send(DaemonToFrontend::Failed {
+                        request_id: s.id,
+                        error,
+                    });
+                    s.kv.free(&mut self.pool);
+                    self.unlease(s.lease);
+                }
                 Err(EngineError::PoolExhausted { .. }) => {
-                    // Preempt the youngest running sequence to make room; it recomputes later.
+                    // Ask the cache for room and preempt the youngest running sequence; it keeps
+                    // its output and sampler and recomputes its K/V when it runs again.
+                    self.reclaim(1);
                     let youngest = self.running.len() - 1;
                     let mut s = self.running.remove(youngest);
                     tracing::info!(request = s.id, "preempting: the KV pool is full");
+                    self.preemptions += 1;
                     s.kv.free(&mut self.pool);
-                    s.generated.clear();
                     s.next_logits = None;
-                    s.sampler = Sampler::new(s.params.clone(), &s.prompt);
                     self.waiting.push_front(s);
                     if youngest == i {
                         continue;

@@ -12,7 +12,7 @@ use crate::Result;
 use crate::model::Model;
 use crate::paged::PagedSeq;
 use crate::pool::BlockPool;
-use crate::sampler::{Sampler, SamplingParams};
+use crate::sampler::Sampler;
 
 /// What a step did.
 pub enum Step {
@@ -32,8 +32,6 @@ pub struct Sequence {
     pub lease: Option<LeaseId>,
     pub cached_tokens: usize,
     pub sampler: Sampler,
-    /// The request's sampling settings (to start over after a preemption).
-    pub params: SamplingParams,
     pub max_tokens: usize,
     pub stop_ids: Vec<u32>,
     pub logprobs: bool,
@@ -49,14 +47,23 @@ pub struct Sequence {
 impl Sequence {
     /// Runs one step: a prefill chunk of at most `chunk` tokens, or one decode token.
     pub fn step(&mut self, model: &Model, pool: &mut BlockPool, chunk: usize) -> Result<Step> {
-        if self.kv.len < self.prompt.len() {
-            let end = (self.kv.len + chunk).min(self.prompt.len());
-            let piece = self.prompt[self.kv.len..end].to_vec();
+        // Compute whatever is not stored yet: the prompt, or after a preemption the prompt and
+        // the output so far (already sent; sampling continues where it stopped).
+        let target = self.prompt.len() + self.generated.len();
+        if self.kv.len < target {
+            let piece: Vec<u32> = self
+                .prompt
+                .iter()
+                .chain(self.generated.iter())
+                .copied()
+                .skip(self.kv.len)
+                .take(chunk)
+                .collect();
             let logits = model.forward(&piece, &mut self.kv.store(pool))?;
             logits.eval()?;
-            if self.kv.len == self.prompt.len() {
+            if self.kv.len == target {
                 self.next_logits = Some(logits);
-                self.prefill_done_at = Some(Instant::now());
+                self.prefill_done_at.get_or_insert_with(Instant::now);
             }
             return Ok(Step::Continue);
         }

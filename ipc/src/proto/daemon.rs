@@ -130,6 +130,8 @@ pub struct DaemonHealth {
     pub epoch: Option<Epoch>,
     pub running: u32,
     pub waiting: u32,
+    /// Sequences preempted (freed and recomputed later) because the pool was full.
+    pub preemptions: u64,
     pub pool: PoolStats,
 }
 
