@@ -383,3 +383,126 @@ async fn a_full_pool_preempts_and_recomputes_without_repeating_tokens() {
         }
     }
 }
+
+/// A prompt of `shared` tokens of a common system text followed by a distinct question.
+fn shared_prefix_prompt(common: &[u32], i: u32) -> Vec<u32> {
+    let mut p = common.to_vec();
+    p.extend([1_000 + i, 2_000 + i, 3_000 + i, 30]);
+    p
+}
+
+#[tokio::test]
+async fn a_shared_system_prompt_is_stored_once_and_reused_by_every_later_request() {
+    let m = Manager::start(&manager_bin(), &["--reconcile-interval", "off"]);
+    let _d = start_daemon(m.dir.path(), 128);
+    wait_registered(&m.socket).await;
+    let mut c = frontend(m.dir.path()).await;
+    // 8 blocks of common prefix (256 tokens), then 4 tokens of each request's own.
+    let common: Vec<u32> = ids(&fixtures()["chats"][2]["prompt_ids"])
+        .into_iter()
+        .cycle()
+        .take(256)
+        .collect();
+    c.write_frame(&greedy(0, shared_prefix_prompt(&common, 0), 4))
+        .await
+        .unwrap();
+    let (_, _, first) = collect(&mut c, 0).await;
+    assert_eq!(first.cached_tokens, 0);
+    // Seven more at once, after the first finished: each maps the 8 shared blocks.
+    for i in 1..8 {
+        c.write_frame(&greedy(u64::from(i), shared_prefix_prompt(&common, i), 4))
+            .await
+            .unwrap();
+    }
+    let mut cached = Vec::new();
+    let mut left = 7;
+    while left > 0 {
+        match c.read_frame::<DaemonToFrontend>().await.unwrap().unwrap() {
+            DaemonToFrontend::Done { usage, .. } => {
+                cached.push(usage.cached_tokens);
+                left -= 1;
+            }
+            DaemonToFrontend::Failed { error, .. } => panic!("{error}"),
+            _ => {}
+        }
+    }
+    assert!(
+        cached.iter().all(|&t| t >= 256),
+        "every later request reused the shared blocks: {cached:?}"
+    );
+    // 256 + 4 + 3 computed = 263 tokens per request: 8 full blocks each, all of them the shared
+    // prefix. The ledger holds one copy.
+    wait_for(&mut c, |h| {
+        h.running == 0 && h.pool.free_blocks + h.pool.cache_blocks == 128
+    })
+    .await;
+    let s = stats(&m.socket).await;
+    assert_eq!(
+        (s.blocks, s.used_bytes),
+        (8, 8 * BLOCK_BYTES),
+        "the shared prefix is stored once"
+    );
+    assert_eq!(health(&mut c).await.pool.cache_blocks, 8);
+}
+
+#[tokio::test]
+async fn a_small_cache_capacity_holds_and_the_daemon_agrees_with_the_ledger() {
+    // Room for 3 blocks in the cache; 6 distinct prompts of 2+ full blocks each.
+    let cap = (3 * BLOCK_BYTES).to_string();
+    let m = Manager::start(
+        &manager_bin(),
+        &["--reconcile-interval", "off", "--capacity-bytes", &cap],
+    );
+    let mut d = start_daemon(m.dir.path(), 64);
+    wait_registered(&m.socket).await;
+    let mut c = frontend(m.dir.path()).await;
+    let base = ids(&fixtures()["chats"][1]["prompt_ids"]);
+    for i in 0..6u32 {
+        let mut prompt: Vec<u32> = vec![100 + i; 40];
+        prompt.extend(&base);
+        c.write_frame(&greedy(u64::from(i), prompt, 2))
+            .await
+            .unwrap();
+        collect(&mut c, u64::from(i)).await;
+        let s = stats(&m.socket).await;
+        assert!(
+            s.used_bytes + s.releasing_bytes <= 3 * BLOCK_BYTES,
+            "over capacity: {s:?}"
+        );
+    }
+    wait_for(&mut c, |h| {
+        h.running == 0 && h.pool.free_blocks + h.pool.cache_blocks == 64
+    })
+    .await;
+    let s = stats(&m.socket).await;
+    assert!(
+        s.evicted_blocks.capacity > 0,
+        "the cap fired: {:?}",
+        s.evicted_blocks
+    );
+    let h = health(&mut c).await;
+    assert_eq!(
+        u64::from(h.pool.cache_blocks) * BLOCK_BYTES,
+        s.used_bytes + s.releasing_bytes
+    );
+    match admin(&m.socket, AdminRequest::Reconcile).await {
+        AdminReply::Reconciled(r) => assert_eq!(r.drift_bytes, 0),
+        other => panic!("{other:?}"),
+    }
+    // SIGTERM: the daemon stops well within 20 s, cleanly.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = d.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the daemon ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    assert!(!m.dir.path().join("daemon.sock").exists());
+}
