@@ -5,6 +5,8 @@
 //! only read. Before each forward pass the caller reserves room for the new tokens
 //! ([`PagedSeq::reserve`]), which is where the pool can say "not now".
 
+use std::cell::RefCell;
+
 use mlx_rs::Array;
 
 use crate::Result;
@@ -61,11 +63,7 @@ impl PagedSeq {
 
     /// A [`KvStore`] over `pool` for one forward pass.
     pub fn store<'a>(&'a mut self, pool: &'a mut BlockPool) -> PagedStore<'a> {
-        PagedStore {
-            seq: self,
-            pool,
-            pending: 0,
-        }
+        PagedStore { seq: self, pool }
     }
 }
 
@@ -73,8 +71,50 @@ impl PagedSeq {
 pub struct PagedStore<'a> {
     seq: &'a mut PagedSeq,
     pool: &'a mut BlockPool,
-    /// New tokens of the current pass (set by the first layer's append).
-    pending: usize,
+}
+
+/// [`KvStore`] over a pool shared by the stores of one batched step (each borrows the pool only
+/// while it writes or reads its rows).
+pub struct SharedPoolStore<'a, 'p> {
+    seq: &'a mut PagedSeq,
+    pool: &'a RefCell<&'p mut BlockPool>,
+}
+
+impl<'a, 'p> SharedPoolStore<'a, 'p> {
+    /// A store for `seq` over the shared `pool`.
+    pub fn new(seq: &'a mut PagedSeq, pool: &'a RefCell<&'p mut BlockPool>) -> Self {
+        Self { seq, pool }
+    }
+}
+
+fn reserve_in(seq: &mut PagedSeq, pool: &mut BlockPool, tokens: usize) -> Result<()> {
+    if seq.reserve(pool, tokens) {
+        Ok(())
+    } else {
+        Err(crate::EngineError::PoolExhausted {
+            needed_tokens: tokens,
+            free_blocks: pool.free_blocks(),
+        })
+    }
+}
+
+fn append_in(
+    seq: &PagedSeq,
+    pool: &mut BlockPool,
+    layer: usize,
+    k: Array,
+    v: Array,
+) -> Result<(Array, Array)> {
+    let t = k.shape()[2] as usize;
+    let bt = pool.shape().block_tokens;
+    let (start, end) = (seq.len, seq.len + t);
+    if end > seq.table.len() * bt {
+        return Err(crate::EngineError::Request(format!(
+            "no room reserved for {t} tokens at position {start} (call PagedSeq::reserve first)"
+        )));
+    }
+    pool.write(layer, &seq.rows(bt, start, end), &k, &v)?;
+    pool.read(layer, &seq.rows(bt, 0, end))
 }
 
 impl KvStore for PagedStore<'_> {
@@ -83,33 +123,32 @@ impl KvStore for PagedStore<'_> {
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
-        if self.seq.reserve(self.pool, tokens) {
-            Ok(())
-        } else {
-            Err(crate::EngineError::PoolExhausted {
-                needed_tokens: tokens,
-                free_blocks: self.pool.free_blocks(),
-            })
-        }
+        reserve_in(self.seq, self.pool, tokens)
     }
 
     fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
-        let t = k.shape()[2] as usize;
-        self.pending = t;
-        let bt = self.pool.shape().block_tokens;
-        let (start, end) = (self.seq.len, self.seq.len + t);
-        if end > self.seq.table.len() * bt {
-            return Err(crate::EngineError::Request(format!(
-                "no room reserved for {t} tokens at position {start} (call PagedSeq::reserve first)"
-            )));
-        }
-        self.pool
-            .write(layer, &self.seq.rows(bt, start, end), &k, &v)?;
-        self.pool.read(layer, &self.seq.rows(bt, 0, end))
+        append_in(self.seq, self.pool, layer, k, v)
     }
 
     fn commit(&mut self, tokens: usize) {
-        debug_assert_eq!(tokens, self.pending);
+        self.seq.len += tokens;
+    }
+}
+
+impl KvStore for SharedPoolStore<'_, '_> {
+    fn len(&self) -> usize {
+        self.seq.len
+    }
+
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        reserve_in(self.seq, &mut self.pool.borrow_mut(), tokens)
+    }
+
+    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
+        append_in(self.seq, &mut self.pool.borrow_mut(), layer, k, v)
+    }
+
+    fn commit(&mut self, tokens: usize) {
         self.seq.len += tokens;
     }
 }

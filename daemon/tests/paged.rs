@@ -129,3 +129,64 @@ fn a_double_free_fails_loudly_in_debug_builds() {
     pool.release(b);
     pool.release(b);
 }
+
+#[test]
+fn batched_decode_of_three_sequences_at_different_positions_gives_each_its_golden_tokens() {
+    use mlxcel_daemon::kv::KvStore;
+    use mlxcel_daemon::paged::SharedPoolStore;
+    use std::cell::RefCell;
+
+    let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .expect("make setup");
+    let mut pool = BlockPool::new(shape(m.model.config.layers, 64, 16)).unwrap();
+    let chats = fixtures()["chats"].as_array().unwrap().clone();
+    let argmax = |row: &[f32]| {
+        row.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i as u32)
+            .unwrap()
+    };
+    let mut seqs: Vec<PagedSeq> = Vec::new();
+    let mut next: Vec<u32> = Vec::new();
+    for chat in &chats {
+        let mut seq = PagedSeq::default();
+        let logits = m
+            .model
+            .forward(&ids(&chat["prompt_ids"]), &mut seq.store(&mut pool))
+            .unwrap();
+        next.push(argmax(logits.as_slice::<f32>()));
+        seqs.push(seq);
+    }
+    let mut got: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+    for _ in 1..32 {
+        let logits = {
+            let cell = RefCell::new(&mut pool);
+            let mut stores: Vec<SharedPoolStore<'_, '_>> = seqs
+                .iter_mut()
+                .map(|s| SharedPoolStore::new(s, &cell))
+                .collect();
+            let mut refs: Vec<&mut dyn KvStore> =
+                stores.iter_mut().map(|s| s as &mut dyn KvStore).collect();
+            m.model.forward_batch(&next, &mut refs).unwrap()
+        };
+        let vocab = m.model.config.vocab;
+        let all = logits.as_slice::<f32>();
+        for (i, row) in all.chunks(vocab).enumerate() {
+            next[i] = argmax(row);
+            got[i].push(next[i]);
+        }
+    }
+    for (chat, tokens) in chats.iter().zip(&got) {
+        assert_eq!(
+            tokens,
+            &ids(&chat["greedy_ids"]),
+            "prompt {:?}",
+            chat["messages"]
+        );
+    }
+    for mut s in seqs {
+        s.free(&mut pool);
+    }
+    assert_eq!(pool.free_blocks(), 64);
+}

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
-use mlx_rs::Dtype;
+use mlx_rs::{Array, Dtype};
 use mlxcel_ipc::proto::cache::{DonatedBlock, Epoch, InventoryReport, LeaseId};
 use mlxcel_ipc::proto::daemon::{
     DaemonHealth, DaemonToFrontend, FinishReason, Generate, ModelInfo, PoolStats, RequestId,
@@ -30,11 +30,12 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
 use crate::cache_client::{CacheClient, ManagerOrder};
-use crate::paged::PagedSeq;
+use crate::kv::KvStore;
+use crate::paged::{PagedSeq, SharedPoolStore};
 use crate::pool::{BlockPool, PoolShape};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::{EngineError, Loaded, Result};
-use sequence::{Sequence, Step};
+use sequence::{Sampled, Sequence};
 
 /// How the engine runs.
 #[derive(Debug, Clone)]
@@ -438,61 +439,161 @@ impl Engine {
         }
     }
 
+    /// One scheduler step: a prefill chunk for each sequence that needs one, then one batched
+    /// decode step for every sequence ready to sample.
     fn step_all(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
-            let result = self.running[i].step(
+            if !self.running[i].needs_prefill() {
+                i += 1;
+                continue;
+            }
+            match self.running[i].prefill_step(
                 &self.loaded.model,
                 &mut self.pool,
                 self.config.prefill_chunk,
-            );
-            match result {
-                Ok(Step::Continue) => i += 1,
-                Ok(Step::Finished(reason)) => {
-                    let s = self.running.remove(i);
-                    self.finish(s, reason);
+            ) {
+                Ok(()) => i += 1,
+                Err(e) => {
+                    if self.pool_full(i, e) {
+                        i += 1;
+                    }
                 }
-                Err(EngineError::PoolExhausted { .. })
-                    if self.running.len() == 1 && self.cache_held.is_empty() =>
-                {
-                    // Alone and nothing to reclaim: this request can never fit.
-                    let mut s = self.running.remove(i);
-                    let error = WireError::new(
-                        ErrorCode::BadRequest,
-                        "the request needs more KV blocks than the pool has",
-                    );
-                    let _ = s.events.send(DaemonToFrontend::Failed {
-                        request_id: s.id,
-                        error,
-                    });
-                    s.kv.free(&mut self.pool);
-                    self.unlease(s.lease);
-                }
-                Err(EngineError::PoolExhausted { .. }) => {
-                    // Ask the cache for room and preempt the youngest running sequence; it keeps
-                    // its output and sampler and recomputes its K/V when it runs again.
-                    self.reclaim(1);
-                    let youngest = self.running.len() - 1;
-                    let mut s = self.running.remove(youngest);
-                    tracing::info!(request = s.id, "preempting: the KV pool is full");
-                    self.preemptions += 1;
-                    s.kv.free(&mut self.pool);
-                    s.next_logits = None;
-                    self.waiting.push_front(s);
-                    if youngest == i {
-                        continue;
+            }
+        }
+        // Sample every ready sequence; those that go on need their new token computed.
+        let mut next: Vec<(usize, u32)> = Vec::new();
+        let mut finished: Vec<(usize, FinishReason)> = Vec::new();
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if s.needs_prefill() || s.next_logits.is_none() {
+                continue;
+            }
+            match s.sample_next() {
+                Ok(Sampled::Next(token)) => next.push((i, token)),
+                Ok(Sampled::Finished(reason)) => finished.push((i, reason)),
+                Err(_) => finished.push((i, FinishReason::Length)),
+            }
+        }
+        // Room for one more token each (sequences are untouched until the batch runs).
+        let mut batch: Vec<(usize, u32)> = Vec::new();
+        let mut starved: Vec<usize> = Vec::new();
+        for (i, token) in next {
+            if self.running[i].kv.reserve(&mut self.pool, 1) {
+                batch.push((i, token));
+            } else {
+                starved.push(i);
+            }
+        }
+        if !batch.is_empty() {
+            let tokens: Vec<u32> = batch.iter().map(|&(_, t)| t).collect();
+            let pool = &mut self.pool;
+            let mut seqs: Vec<&mut Sequence> = self
+                .running
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| batch.iter().any(|&(b, _)| b == *i))
+                .map(|(_, s)| s)
+                .collect();
+            let result = {
+                let pool = std::cell::RefCell::new(pool);
+                let mut stores: Vec<SharedPoolStore<'_, '_>> = seqs
+                    .iter_mut()
+                    .map(|s| SharedPoolStore::new(&mut s.kv, &pool))
+                    .collect();
+                let mut refs: Vec<&mut dyn KvStore> =
+                    stores.iter_mut().map(|s| s as &mut dyn KvStore).collect();
+                self.loaded.model.forward_batch(&tokens, &mut refs)
+            };
+            match result.and_then(|l| {
+                l.eval()?;
+                Ok(l)
+            }) {
+                Ok(logits) => {
+                    for (row, s) in seqs.into_iter().enumerate() {
+                        let pick = Array::from_slice(&[row as i32], &[1]);
+                        s.next_logits = logits.take_axis(pick, 0).ok();
                     }
                 }
                 Err(e) => {
-                    let mut s = self.running.remove(i);
-                    let error = WireError::new(ErrorCode::BadRequest, e.to_string());
-                    let _ = s.events.send(DaemonToFrontend::Failed {
-                        request_id: s.id,
-                        error,
-                    });
-                    s.kv.free(&mut self.pool);
-                    self.unlease(s.lease);
+                    tracing::error!(error = %e, "batched decode step failed");
+                    for &(i, _) in &batch {
+                        finished.push((i, FinishReason::Length));
+                    }
                 }
+            }
+        }
+        // Retire finished sequences (highest index first so indexes stay valid), then handle
+        // the ones that found no room.
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        finished.dedup_by_key(|f| f.0);
+        for (i, reason) in finished {
+            let s = self.running.remove(i);
+            starved.retain(|&x| x != i);
+            for x in starved.iter_mut() {
+                if *x > i {
+                    *x -= 1;
+                }
+            }
+            self.finish(s, reason);
+        }
+        starved.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
+        for i in starved {
+            if i < self.running.len() {
+                // Its sampled token is in `generated`: it is recomputed with the rest.
+                self.pool_full(
+                    i,
+                    EngineError::PoolExhausted {
+                        needed_tokens: 1,
+                        free_blocks: 0,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Handles a step of sequence `i` that failed; true when sequence `i` is still in place.
+    fn pool_full(&mut self, i: usize, e: EngineError) -> bool {
+        match e {
+            EngineError::PoolExhausted { .. }
+                if self.running.len() == 1 && self.cache_held.is_empty() =>
+            {
+                // Alone and nothing to reclaim: this request can never fit.
+                let mut s = self.running.remove(i);
+                let error = WireError::new(
+                    ErrorCode::BadRequest,
+                    "the request needs more KV blocks than the pool has",
+                );
+                let _ = s.events.send(DaemonToFrontend::Failed {
+                    request_id: s.id,
+                    error,
+                });
+                s.kv.free(&mut self.pool);
+                self.unlease(s.lease);
+                false
+            }
+            EngineError::PoolExhausted { .. } => {
+                // Ask the cache for room and preempt the youngest running sequence; it keeps
+                // its output and sampler and recomputes its K/V when it runs again.
+                self.reclaim(1);
+                let youngest = self.running.len() - 1;
+                let mut s = self.running.remove(youngest);
+                tracing::info!(request = s.id, "preempting: the KV pool is full");
+                self.preemptions += 1;
+                s.kv.free(&mut self.pool);
+                s.next_logits = None;
+                self.waiting.push_front(s);
+                youngest != i
+            }
+            e => {
+                let mut s = self.running.remove(i);
+                let error = WireError::new(ErrorCode::BadRequest, e.to_string());
+                let _ = s.events.send(DaemonToFrontend::Failed {
+                    request_id: s.id,
+                    error,
+                });
+                s.kv.free(&mut self.pool);
+                self.unlease(s.lease);
+                false
             }
         }
     }

@@ -14,10 +14,10 @@ use crate::paged::PagedSeq;
 use crate::pool::BlockPool;
 use crate::sampler::Sampler;
 
-/// What a step did.
-pub enum Step {
-    /// More to do.
-    Continue,
+/// What sampling the next token did.
+pub enum Sampled {
+    /// A token was emitted; it must be computed before the next one.
+    Next(u32),
     /// Finished; the caller donates its blocks and frees it.
     Finished(FinishReason),
 }
@@ -45,37 +45,49 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    /// Runs one step: a prefill chunk of at most `chunk` tokens, or one decode token.
-    pub fn step(&mut self, model: &Model, pool: &mut BlockPool, chunk: usize) -> Result<Step> {
-        // Compute whatever is not stored yet: the prompt, or after a preemption the prompt and
-        // the output so far (already sent; sampling continues where it stopped).
+    /// Whether tokens are waiting to be computed (the prompt, or after a preemption the prompt
+    /// and the output so far).
+    pub fn needs_prefill(&self) -> bool {
+        self.kv.len < self.prompt.len() + self.generated.len()
+    }
+
+    /// Computes the next chunk of at most `chunk` not-yet-stored tokens.
+    pub fn prefill_step(
+        &mut self,
+        model: &Model,
+        pool: &mut BlockPool,
+        chunk: usize,
+    ) -> Result<()> {
         let target = self.prompt.len() + self.generated.len();
-        if self.kv.len < target {
-            let piece: Vec<u32> = self
-                .prompt
-                .iter()
-                .chain(self.generated.iter())
-                .copied()
-                .skip(self.kv.len)
-                .take(chunk)
-                .collect();
-            let logits = model.forward(&piece, &mut self.kv.store(pool))?;
-            logits.eval()?;
-            if self.kv.len == target {
-                self.next_logits = Some(logits);
-                self.prefill_done_at.get_or_insert_with(Instant::now);
-            }
-            return Ok(Step::Continue);
+        let piece: Vec<u32> = self
+            .prompt
+            .iter()
+            .chain(self.generated.iter())
+            .copied()
+            .skip(self.kv.len)
+            .take(chunk)
+            .collect();
+        let logits = model.forward(&piece, &mut self.kv.store(pool))?;
+        logits.eval()?;
+        if self.kv.len == target {
+            // Sampling continues where it stopped (a preempted request's output was already sent).
+            self.next_logits = Some(logits);
+            self.prefill_done_at.get_or_insert_with(Instant::now);
         }
+        Ok(())
+    }
+
+    /// Samples the next token from the last logits, sends it, and says whether to go on.
+    pub fn sample_next(&mut self) -> Result<Sampled> {
         let Some(logits) = self.next_logits.take() else {
-            return Ok(Step::Finished(FinishReason::Length));
+            return Ok(Sampled::Finished(FinishReason::Length));
         };
         let row = logits
             .try_as_slice::<f32>()
             .map_err(|e| crate::EngineError::Request(format!("logits: {e}")))?;
         let choice = self.sampler.sample(row);
         if self.stop_ids.contains(&choice.token) {
-            return Ok(Step::Finished(FinishReason::Stop));
+            return Ok(Sampled::Finished(FinishReason::Stop));
         }
         self.generated.push(choice.token);
         let _ = self.events.send(DaemonToFrontend::Token {
@@ -84,12 +96,9 @@ impl Sequence {
             logprob: self.logprobs.then_some(choice.logprob),
         });
         if self.generated.len() >= self.max_tokens {
-            return Ok(Step::Finished(FinishReason::Length));
+            return Ok(Sampled::Finished(FinishReason::Length));
         }
-        let logits = model.forward(&[choice.token], &mut self.kv.store(pool))?;
-        logits.eval()?;
-        self.next_logits = Some(logits);
-        Ok(Step::Continue)
+        Ok(Sampled::Next(choice.token))
     }
 
     /// Token counts and timings so far.

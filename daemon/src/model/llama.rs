@@ -172,15 +172,39 @@ impl Model {
         mask: Option<&Array>,
         kv: &mut dyn KvStore,
     ) -> Result<Array> {
-        let c = &self.config;
         let t = h.shape()[1];
+        let (q, k, v) = (
+            layer.q.forward(h)?,
+            layer.k.forward(h)?,
+            layer.v.forward(h)?,
+        );
+        let out = self.attend(layer, index, q, k, v, offset, mask, kv)?;
+        layer.o.forward(&out.reshape(&[1, t, -1])?)
+    }
+
+    /// Attention of one sequence from its projected q, k, v (`[1, t, n * head_dim]`): heads
+    /// split, q/k norms, RoPE at `offset`, K/V through `kv`. Returns `[1, t, heads * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        layer: &Layer,
+        index: usize,
+        q: Array,
+        k: Array,
+        v: Array,
+        offset: i32,
+        mask: Option<&Array>,
+        kv: &mut dyn KvStore,
+    ) -> Result<Array> {
+        let c = &self.config;
+        let t = q.shape()[1];
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let split = |x: Array, n: i32| -> Result<Array> {
             Ok(x.reshape(&[1, t, n, hd])?.transpose_axes(&[0, 2, 1, 3])?)
         };
-        let mut q = split(layer.q.forward(h)?, heads)?;
-        let mut k = split(layer.k.forward(h)?, kv_heads)?;
-        let v = split(layer.v.forward(h)?, kv_heads)?;
+        let mut q = split(q, heads)?;
+        let mut k = split(k, kv_heads)?;
+        let v = split(v, kv_heads)?;
         if let Some(w) = &layer.q_norm {
             q = fast::rms_norm(&q, Some(w), c.rms_eps)?;
         }
@@ -197,10 +221,64 @@ impl Model {
         } else {
             explicit_attention(&q, &keys, &values, scale, mask, heads / kv_heads)?
         };
-        let out = out
+        Ok(out
             .transpose_axes(&[0, 2, 1, 3])?
-            .reshape(&[1, t, heads * hd])?;
-        layer.o.forward(&out)
+            .reshape(&[1, t, heads * hd])?)
+    }
+
+    /// One decode step for several sequences at once: `tokens[i]` is the next token of the
+    /// sequence stored in `kvs[i]`. The linear layers run once on the whole batch (the weights
+    /// are read once for all of them); attention runs per sequence on its own K/V. Returns the
+    /// logits, `[batch, vocab]` f32.
+    pub fn forward_batch(&self, tokens: &[u32], kvs: &mut [&mut dyn KvStore]) -> Result<Array> {
+        let c = &self.config;
+        let b = tokens.len() as i32;
+        for kv in kvs.iter_mut() {
+            kv.reserve(1)?;
+        }
+        let offsets: Vec<i32> = kvs.iter().map(|kv| kv.len() as i32).collect();
+        let ids = Array::from_slice(tokens, &[b]);
+        let mut x = self
+            .embed
+            .take_axis(&ids, 0)?
+            .reshape(&[b, 1, c.hidden as i32])?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
+            let (q, k, v) = (
+                layer.q.forward(&h)?,
+                layer.k.forward(&h)?,
+                layer.v.forward(&h)?,
+            );
+            let mut outs = Vec::with_capacity(tokens.len());
+            for (row, kv) in kvs.iter_mut().enumerate() {
+                let pick = |a: &Array| a.take_axis(Array::from_slice(&[row as i32], &[1]), 0);
+                let out = self.attend(
+                    layer,
+                    i,
+                    pick(&q)?,
+                    pick(&k)?,
+                    pick(&v)?,
+                    offsets[row],
+                    None,
+                    &mut **kv,
+                )?;
+                outs.push(out);
+            }
+            let attn = layer.o.forward(&ops::concatenate(&outs, 0)?)?;
+            x = ops::add(&x, &attn)?;
+            let h = fast::rms_norm(&x, Some(&layer.ffn_norm), c.rms_eps)?;
+            let g = nn::silu(layer.gate.forward(&h)?)?;
+            let m = layer
+                .down
+                .forward(&ops::multiply(&g, &layer.up.forward(&h)?)?)?;
+            x = ops::add(&x, &m)?;
+        }
+        for kv in kvs.iter_mut() {
+            kv.commit(1);
+        }
+        let x = fast::rms_norm(&x, Some(&self.norm), c.rms_eps)?;
+        let logits = self.lm_head.forward(&x)?.reshape(&[b, c.vocab as i32])?;
+        Ok(logits.as_dtype(Dtype::Float32)?)
     }
 }
 
