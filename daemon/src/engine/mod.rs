@@ -2,9 +2,9 @@
 //! only place MLX runs. Sockets and timers live on tokio and talk to it through [`Command`]s; it
 //! answers through per-connection event channels, so a slow client never stalls a step.
 //!
-//! Scheduling: a FIFO waiting queue admitted by free blocks (up to `max_running` sequences), and
-//! round-robin steps over the running ones: a prefill chunk or one decode token each. (Batching
-//! the decode steps of several sequences into one forward pass is the next step.)
+//! Scheduling: a FIFO waiting queue admitted by free blocks (up to `max_running` sequences); each
+//! step runs a prefill chunk for every sequence still computing its prompt, then one batched
+//! decode pass for every sequence ready to sample.
 //!
 //! The cache side: a request arrives with the prefix the cache manager leased to it; the engine
 //! maps those blocks (refcount +1) and prefills only the rest. When a request ends, its full
