@@ -120,7 +120,7 @@ async fn main() {
     };
     let tokenizer: tokenizers::Tokenizer = info.tokenizer_json.parse().expect("tokenizer");
     let text =
-        "The history of the printing press is a story of many small improvements. ".repeat(260);
+        "The history of the printing press is a story of many small improvements. ".repeat(300);
     let long: Vec<u32> = tokenizer
         .encode(text.as_str(), false)
         .expect("encode")

@@ -32,6 +32,30 @@ pub trait KvStore {
     fn commit(&mut self, tokens: usize);
 }
 
+/// Storage for a batch of sequences that each advance by one token.
+///
+/// Writing every sequence's new rows of a layer in one update matters: MLX updates a pool tensor
+/// in place only when nothing else still refers to it, and a read between two writes would.
+pub trait BatchKv {
+    /// Tokens each sequence has stored.
+    fn lens(&self) -> Vec<usize>;
+
+    /// Makes room for one token in every sequence.
+    fn reserve(&mut self) -> Result<()>;
+
+    /// Stores each sequence's new row (`ks[i]`, `vs[i]`: `[1, kv_heads, 1, head_dim]`) for
+    /// `layer` and returns each sequence's keys and values.
+    fn append_all(
+        &mut self,
+        layer: usize,
+        ks: Vec<Array>,
+        vs: Vec<Array>,
+    ) -> Result<Vec<(Array, Array)>>;
+
+    /// Marks the token as stored in every sequence, after every layer has appended it.
+    fn commit(&mut self);
+}
+
 /// One contiguous tensor per layer, grown by concatenation.
 #[derive(Default)]
 pub struct DenseKv {

@@ -5,12 +5,10 @@
 //! only read. Before each forward pass the caller reserves room for the new tokens
 //! ([`PagedSeq::reserve`]), which is where the pool can say "not now".
 
-use std::cell::RefCell;
-
 use mlx_rs::Array;
 
 use crate::Result;
-use crate::kv::KvStore;
+use crate::kv::{BatchKv, KvStore};
 use crate::pool::{BlockId, BlockPool};
 
 /// One sequence's blocks and length.
@@ -73,17 +71,57 @@ pub struct PagedStore<'a> {
     pool: &'a mut BlockPool,
 }
 
-/// [`KvStore`] over a pool shared by the stores of one batched step (each borrows the pool only
-/// while it writes or reads its rows).
-pub struct SharedPoolStore<'a, 'p> {
-    seq: &'a mut PagedSeq,
-    pool: &'a RefCell<&'p mut BlockPool>,
+/// [`BatchKv`] over the pool for several sequences (one batched decode step).
+pub struct PagedBatch<'a> {
+    seqs: Vec<&'a mut PagedSeq>,
+    pool: &'a mut BlockPool,
 }
 
-impl<'a, 'p> SharedPoolStore<'a, 'p> {
-    /// A store for `seq` over the shared `pool`.
-    pub fn new(seq: &'a mut PagedSeq, pool: &'a RefCell<&'p mut BlockPool>) -> Self {
-        Self { seq, pool }
+impl<'a> PagedBatch<'a> {
+    /// A batch of `seqs` over `pool`.
+    pub fn new(seqs: Vec<&'a mut PagedSeq>, pool: &'a mut BlockPool) -> Self {
+        Self { seqs, pool }
+    }
+}
+
+impl BatchKv for PagedBatch<'_> {
+    fn lens(&self) -> Vec<usize> {
+        self.seqs.iter().map(|s| s.len).collect()
+    }
+
+    fn reserve(&mut self) -> Result<()> {
+        for s in self.seqs.iter_mut() {
+            reserve_in(s, self.pool, 1)?;
+        }
+        Ok(())
+    }
+
+    fn append_all(
+        &mut self,
+        layer: usize,
+        ks: Vec<Array>,
+        vs: Vec<Array>,
+    ) -> Result<Vec<(Array, Array)>> {
+        let bt = self.pool.shape().block_tokens;
+        let rows: Vec<i32> = self
+            .seqs
+            .iter()
+            .map(|s| (s.table[s.len / bt] as usize * bt + s.len % bt) as i32)
+            .collect();
+        let rows = Array::from_slice(&rows, &[rows.len() as i32]);
+        let k = mlx_rs::ops::concatenate(&ks, 2)?;
+        let v = mlx_rs::ops::concatenate(&vs, 2)?;
+        self.pool.write(layer, &rows, &k, &v)?;
+        self.seqs
+            .iter()
+            .map(|s| self.pool.read(layer, &s.rows(bt, 0, s.len + 1)))
+            .collect()
+    }
+
+    fn commit(&mut self) {
+        for s in self.seqs.iter_mut() {
+            s.len += 1;
+        }
     }
 }
 
@@ -128,24 +166,6 @@ impl KvStore for PagedStore<'_> {
 
     fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
         append_in(self.seq, self.pool, layer, k, v)
-    }
-
-    fn commit(&mut self, tokens: usize) {
-        self.seq.len += tokens;
-    }
-}
-
-impl KvStore for SharedPoolStore<'_, '_> {
-    fn len(&self) -> usize {
-        self.seq.len
-    }
-
-    fn reserve(&mut self, tokens: usize) -> Result<()> {
-        reserve_in(self.seq, &mut self.pool.borrow_mut(), tokens)
-    }
-
-    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
-        append_in(self.seq, &mut self.pool.borrow_mut(), layer, k, v)
     }
 
     fn commit(&mut self, tokens: usize) {

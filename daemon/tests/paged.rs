@@ -132,9 +132,7 @@ fn a_double_free_fails_loudly_in_debug_builds() {
 
 #[test]
 fn batched_decode_of_three_sequences_at_different_positions_gives_each_its_golden_tokens() {
-    use mlxcel_daemon::kv::KvStore;
-    use mlxcel_daemon::paged::SharedPoolStore;
-    use std::cell::RefCell;
+    use mlxcel_daemon::paged::PagedBatch;
 
     let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
         .expect("make setup");
@@ -161,14 +159,8 @@ fn batched_decode_of_three_sequences_at_different_positions_gives_each_its_golde
     let mut got: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
     for _ in 1..32 {
         let logits = {
-            let cell = RefCell::new(&mut pool);
-            let mut stores: Vec<SharedPoolStore<'_, '_>> = seqs
-                .iter_mut()
-                .map(|s| SharedPoolStore::new(s, &cell))
-                .collect();
-            let mut refs: Vec<&mut dyn KvStore> =
-                stores.iter_mut().map(|s| s as &mut dyn KvStore).collect();
-            m.model.forward_batch(&next, &mut refs).unwrap()
+            let mut batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
+            m.model.forward_batch(&next, &mut batch).unwrap()
         };
         let vocab = m.model.config.vocab;
         let all = logits.as_slice::<f32>();

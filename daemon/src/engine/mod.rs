@@ -30,8 +30,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
 use crate::cache_client::{CacheClient, ManagerOrder};
-use crate::kv::KvStore;
-use crate::paged::{PagedSeq, SharedPoolStore};
+use crate::paged::{PagedBatch, PagedSeq};
 use crate::pool::{BlockPool, PoolShape};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::{EngineError, Loaded, Result};
@@ -495,14 +494,9 @@ impl Engine {
                 .map(|(_, s)| s)
                 .collect();
             let result = {
-                let pool = std::cell::RefCell::new(pool);
-                let mut stores: Vec<SharedPoolStore<'_, '_>> = seqs
-                    .iter_mut()
-                    .map(|s| SharedPoolStore::new(&mut s.kv, &pool))
-                    .collect();
-                let mut refs: Vec<&mut dyn KvStore> =
-                    stores.iter_mut().map(|s| s as &mut dyn KvStore).collect();
-                self.loaded.model.forward_batch(&tokens, &mut refs)
+                let kv: Vec<&mut PagedSeq> = seqs.iter_mut().map(|s| &mut s.kv).collect();
+                let mut batch_kv = PagedBatch::new(kv, pool);
+                self.loaded.model.forward_batch(&tokens, &mut batch_kv)
             };
             match result.and_then(|l| {
                 l.eval()?;

@@ -7,7 +7,7 @@ use super::config::ModelConfig;
 use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
-use crate::kv::KvStore;
+use crate::kv::{BatchKv, KvStore};
 
 /// Tensor names in a file format.
 pub trait TensorNames {
@@ -178,24 +178,22 @@ impl Model {
             layer.k.forward(h)?,
             layer.v.forward(h)?,
         );
-        let out = self.attend(layer, index, q, k, v, offset, mask, kv)?;
+        let (q, k, v) = self.heads(layer, q, k, v, offset)?;
+        let (keys, values) = kv.append(index, k, v)?;
+        let out = self.attend(&q, &keys, &values, mask)?;
         layer.o.forward(&out.reshape(&[1, t, -1])?)
     }
 
-    /// Attention of one sequence from its projected q, k, v (`[1, t, n * head_dim]`): heads
-    /// split, q/k norms, RoPE at `offset`, K/V through `kv`. Returns `[1, t, heads * head_dim]`.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(
+    /// Splits projected q, k, v (`[1, t, n * head_dim]`) into heads (`[1, n, t, head_dim]`),
+    /// applies the q/k norms and RoPE at `offset`.
+    fn heads(
         &self,
         layer: &Layer,
-        index: usize,
         q: Array,
         k: Array,
         v: Array,
         offset: i32,
-        mask: Option<&Array>,
-        kv: &mut dyn KvStore,
-    ) -> Result<Array> {
+    ) -> Result<(Array, Array, Array)> {
         let c = &self.config;
         let t = q.shape()[1];
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
@@ -213,30 +211,41 @@ impl Model {
         }
         let q = fast::rope(&q, hd, c.rope_traditional, c.rope_theta, 1.0, offset, None)?;
         let k = fast::rope(&k, hd, c.rope_traditional, c.rope_theta, 1.0, offset, None)?;
-        let (keys, values) = kv.append(index, k, v)?;
+        Ok((q, k, v))
+    }
+
+    /// Attention of one sequence's queries over its keys and values; `[1, t, heads * head_dim]`.
+    fn attend(
+        &self,
+        q: &Array,
+        keys: &Array,
+        values: &Array,
+        mask: Option<&Array>,
+    ) -> Result<Array> {
+        let c = &self.config;
+        let t = q.shape()[2];
+        let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (hd as f32).sqrt();
         let out = if self.placement.gpu {
             let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
-            fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?
+            fast::scaled_dot_product_attention(q, keys, values, scale, mask, None)?
         } else {
-            explicit_attention(&q, &keys, &values, scale, mask, heads / kv_heads)?
+            explicit_attention(q, keys, values, scale, mask, heads / kv_heads)?
         };
         Ok(out
             .transpose_axes(&[0, 2, 1, 3])?
             .reshape(&[1, t, heads * hd])?)
     }
 
-    /// One decode step for several sequences at once: `tokens[i]` is the next token of the
-    /// sequence stored in `kvs[i]`. The linear layers run once on the whole batch (the weights
-    /// are read once for all of them); attention runs per sequence on its own K/V. Returns the
-    /// logits, `[batch, vocab]` f32.
-    pub fn forward_batch(&self, tokens: &[u32], kvs: &mut [&mut dyn KvStore]) -> Result<Array> {
+    /// One decode step for several sequences at once: `tokens[i]` is the next token of sequence
+    /// `i` of `kv`. The linear layers run once on the whole batch (the weights are read once for
+    /// all of them), each layer's new K/V rows go into the pool in one update, and attention runs
+    /// per sequence on its own K/V. Returns the logits, `[batch, vocab]` f32.
+    pub fn forward_batch(&self, tokens: &[u32], kv: &mut dyn BatchKv) -> Result<Array> {
         let c = &self.config;
         let b = tokens.len() as i32;
-        for kv in kvs.iter_mut() {
-            kv.reserve(1)?;
-        }
-        let offsets: Vec<i32> = kvs.iter().map(|kv| kv.len() as i32).collect();
+        kv.reserve()?;
+        let offsets: Vec<i32> = kv.lens().into_iter().map(|l| l as i32).collect();
         let ids = Array::from_slice(tokens, &[b]);
         let mut x = self
             .embed
@@ -249,21 +258,20 @@ impl Model {
                 layer.k.forward(&h)?,
                 layer.v.forward(&h)?,
             );
-            let mut outs = Vec::with_capacity(tokens.len());
-            for (row, kv) in kvs.iter_mut().enumerate() {
+            let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+            for (row, &offset) in offsets.iter().enumerate() {
                 let pick = |a: &Array| a.take_axis(Array::from_slice(&[row as i32], &[1]), 0);
-                let out = self.attend(
-                    layer,
-                    i,
-                    pick(&q)?,
-                    pick(&k)?,
-                    pick(&v)?,
-                    offsets[row],
-                    None,
-                    &mut **kv,
-                )?;
-                outs.push(out);
+                let (q, k, v) = self.heads(layer, pick(&q)?, pick(&k)?, pick(&v)?, offset)?;
+                qs.push(q);
+                ks.push(k);
+                vs.push(v);
             }
+            let kvs = kv.append_all(i, ks, vs)?;
+            let outs = qs
+                .iter()
+                .zip(&kvs)
+                .map(|(q, (keys, values))| self.attend(q, keys, values, None))
+                .collect::<Result<Vec<_>>>()?;
             let attn = layer.o.forward(&ops::concatenate(&outs, 0)?)?;
             x = ops::add(&x, &attn)?;
             let h = fast::rms_norm(&x, Some(&layer.ffn_norm), c.rms_eps)?;
@@ -273,9 +281,7 @@ impl Model {
                 .forward(&ops::multiply(&g, &layer.up.forward(&h)?)?)?;
             x = ops::add(&x, &m)?;
         }
-        for kv in kvs.iter_mut() {
-            kv.commit(1);
-        }
+        kv.commit();
         let x = fast::rms_norm(&x, Some(&self.norm), c.rms_eps)?;
         let logits = self.lm_head.forward(&x)?.reshape(&[b, c.vocab as i32])?;
         Ok(logits.as_dtype(Dtype::Float32)?)
