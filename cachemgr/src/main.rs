@@ -52,17 +52,6 @@ fn main() -> ExitCode {
 
 /// Cancels `token` on SIGTERM or SIGINT.
 async fn stop_on_signal(token: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
+    mlxcel_ipc::signals::terminate_or_interrupt().await;
     token.cancel();
 }

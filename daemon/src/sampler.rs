@@ -3,41 +3,9 @@
 
 use std::collections::HashMap;
 
-/// Sampling settings for one request (OpenAI's names; neutral values disable each).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// 0 = greedy.
-    pub temperature: f32,
-    /// Nucleus mass to keep, in (0, 1]; 1 = off.
-    pub top_p: f32,
-    /// Keep the k most likely tokens; 0 = off.
-    pub top_k: usize,
-    /// Drop tokens below `min_p` × the top probability; 0 = off.
-    pub min_p: f32,
-    /// Seed for reproducible sampling (None = from the clock).
-    pub seed: Option<u64>,
-    /// > 1 discourages tokens already in the prompt or output (HF-style); 1 = off.
-    pub repetition_penalty: f32,
-    /// Subtracted from the logit of every token already generated.
-    pub presence_penalty: f32,
-    /// Subtracted once per previous occurrence in the output.
-    pub frequency_penalty: f32,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            min_p: 0.0,
-            seed: None,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-        }
-    }
-}
+/// Sampling settings for one request: the wire type itself, so the front end, the daemon and
+/// the sampler share one definition (OpenAI's names; neutral values disable each).
+pub use mlxcel_ipc::proto::daemon::Sampling as SamplingParams;
 
 /// SplitMix64: a small, well-mixed PRNG; enough for sampling and trivially reproducible.
 #[derive(Debug, Clone)]
@@ -145,7 +113,7 @@ impl Sampler {
             .collect();
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 {
-            cand.truncate(p.top_k);
+            cand.truncate(p.top_k as usize);
         }
         let max = cand.first().map_or(0.0, |c| c.1);
         let mut probs: Vec<f64> = cand.iter().map(|c| f64::from(c.1 - max).exp()).collect();

@@ -17,6 +17,7 @@
 //! - [`runtime_dir`]: the private socket directory and socket paths.
 //! - [`client`]: connecting with a handshake, and [`client::AdminClient`].
 //! - [`socket`]: binding (stale-socket removal, 0600), connecting, and the peer uid check.
+//! - [`signals`]: SIGTERM / SIGINT as a future.
 //! - [`size`]: parsing and printing byte sizes (`512MiB`, `2GiB`).
 
 pub mod block_hash;
@@ -28,6 +29,7 @@ pub mod handshake;
 pub mod hello;
 pub mod proto;
 pub mod runtime_dir;
+pub mod signals;
 pub mod size;
 pub mod socket;
 

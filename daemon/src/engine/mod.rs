@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use crate::cache_client::{CacheClient, ManagerOrder};
 use crate::paged::{PagedBatch, PagedSeq};
 use crate::pool::{BlockPool, PoolShape};
-use crate::sampler::{Sampler, SamplingParams};
+use crate::sampler::Sampler;
 use crate::{EngineError, Loaded, Result};
 use sequence::{Sampled, Sequence};
 
@@ -357,17 +357,7 @@ impl Engine {
             self.pool.retain(b);
         }
         let cached_tokens = mapped.len() * bt;
-        let s = &req.sampling;
-        let params = SamplingParams {
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: s.top_k as usize,
-            min_p: s.min_p,
-            seed: s.seed,
-            repetition_penalty: s.repetition_penalty,
-            presence_penalty: s.presence_penalty,
-            frequency_penalty: s.frequency_penalty,
-        };
+        let params = req.sampling.clone();
         let now = Instant::now();
         self.waiting.push_back(Sequence {
             conn,
@@ -402,17 +392,8 @@ impl Engine {
             if need > self.pool.free_blocks() {
                 if self.running.is_empty() && need > self.pool.shape().num_blocks {
                     // Can never fit: fail it rather than wait forever.
-                    if let Some(mut s) = self.waiting.pop_front() {
-                        let error = WireError::new(
-                            ErrorCode::BadRequest,
-                            "the prompt needs more KV blocks than the pool has",
-                        );
-                        let _ = s.events.send(DaemonToFrontend::Failed {
-                            request_id: s.id,
-                            error,
-                        });
-                        s.kv.free(&mut self.pool);
-                        self.unlease(s.lease);
+                    if let Some(s) = self.waiting.pop_front() {
+                        self.fail(s, "the prompt needs more KV blocks than the pool has");
                     }
                     continue;
                 }
@@ -552,17 +533,8 @@ impl Engine {
                 if self.running.len() == 1 && self.cache_held.is_empty() =>
             {
                 // Alone and nothing to reclaim: this request can never fit.
-                let mut s = self.running.remove(i);
-                let error = WireError::new(
-                    ErrorCode::BadRequest,
-                    "the request needs more KV blocks than the pool has",
-                );
-                let _ = s.events.send(DaemonToFrontend::Failed {
-                    request_id: s.id,
-                    error,
-                });
-                s.kv.free(&mut self.pool);
-                self.unlease(s.lease);
+                let s = self.running.remove(i);
+                self.fail(s, "the request needs more KV blocks than the pool has");
                 false
             }
             EngineError::PoolExhausted { .. } => {
@@ -579,14 +551,8 @@ impl Engine {
                 youngest != i
             }
             e => {
-                let mut s = self.running.remove(i);
-                let error = WireError::new(ErrorCode::BadRequest, e.to_string());
-                let _ = s.events.send(DaemonToFrontend::Failed {
-                    request_id: s.id,
-                    error,
-                });
-                s.kv.free(&mut self.pool);
-                self.unlease(s.lease);
+                let s = self.running.remove(i);
+                self.fail(s, e.to_string());
                 false
             }
         }
@@ -654,6 +620,17 @@ impl Engine {
             s.kv.free(&mut self.pool);
             self.unlease(s.lease);
         }
+    }
+
+    /// Ends a request with an error and gives back what it held.
+    fn fail(&mut self, mut s: Sequence, message: impl Into<String>) {
+        let error = WireError::new(ErrorCode::BadRequest, message);
+        let _ = s.events.send(DaemonToFrontend::Failed {
+            request_id: s.id,
+            error,
+        });
+        s.kv.free(&mut self.pool);
+        self.unlease(s.lease);
     }
 
     fn unlease(&self, lease: Option<LeaseId>) {

@@ -149,12 +149,7 @@ impl Model {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let a = self.attention(layer, i, &h, offset, mask.as_ref(), kv)?;
             x = ops::add(&x, &a)?;
-            let h = fast::rms_norm(&x, Some(&layer.ffn_norm), c.rms_eps)?;
-            let g = nn::silu(layer.gate.forward(&h)?)?;
-            let m = layer
-                .down
-                .forward(&ops::multiply(&g, &layer.up.forward(&h)?)?)?;
-            x = ops::add(&x, &m)?;
+            x = ops::add(&x, &self.mlp(layer, &x)?)?;
         }
         kv.commit(tokens.len());
         let last = x.take_axis(Array::from_int(t - 1), 1)?;
@@ -182,6 +177,15 @@ impl Model {
         let (keys, values) = kv.append(index, k, v)?;
         let out = self.attend(&q, &keys, &values, mask)?;
         layer.o.forward(&out.reshape(&[1, t, -1])?)
+    }
+
+    /// The feed-forward block of `layer` (RMS norm, SwiGLU) on the residual stream `x`.
+    fn mlp(&self, layer: &Layer, x: &Array) -> Result<Array> {
+        let h = fast::rms_norm(x, Some(&layer.ffn_norm), self.config.rms_eps)?;
+        let g = nn::silu(layer.gate.forward(&h)?)?;
+        layer
+            .down
+            .forward(&ops::multiply(&g, &layer.up.forward(&h)?)?)
     }
 
     /// Splits projected q, k, v (`[1, t, n * head_dim]`) into heads (`[1, n, t, head_dim]`),
@@ -274,12 +278,7 @@ impl Model {
                 .collect::<Result<Vec<_>>>()?;
             let attn = layer.o.forward(&ops::concatenate(&outs, 0)?)?;
             x = ops::add(&x, &attn)?;
-            let h = fast::rms_norm(&x, Some(&layer.ffn_norm), c.rms_eps)?;
-            let g = nn::silu(layer.gate.forward(&h)?)?;
-            let m = layer
-                .down
-                .forward(&ops::multiply(&g, &layer.up.forward(&h)?)?)?;
-            x = ops::add(&x, &m)?;
+            x = ops::add(&x, &self.mlp(layer, &x)?)?;
         }
         kv.commit();
         let x = fast::rms_norm(&x, Some(&self.norm), c.rms_eps)?;
