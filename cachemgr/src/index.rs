@@ -86,11 +86,6 @@ impl BlockIndex {
         self.by_block.contains_key(&block)
     }
 
-    /// The slot holding pool block `block`.
-    pub fn find_block(&self, block: BlockId) -> Option<Slot> {
-        self.by_block.get(&block).copied()
-    }
-
     /// Counts an acquire whose matched prefix ended at `slot`.
     pub fn bump_hits(&mut self, slot: Slot) {
         self.node_mut(slot).hits += 1;

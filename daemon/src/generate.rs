@@ -19,16 +19,8 @@ pub struct GenerateRequest {
     pub prefill_chunk: usize,
 }
 
-/// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop token was produced.
-    Stop,
-    /// `max_tokens` (or the context window) was reached.
-    Length,
-    /// The caller asked to stop.
-    Cancelled,
-}
+/// Why generation ended (the wire type: stop, length, cancelled).
+pub use mlxcel_ipc::proto::daemon::FinishReason;
 
 /// The result of a generation.
 #[derive(Debug, Clone)]
@@ -84,10 +76,7 @@ pub fn generate(
     };
     while out.tokens.len() < max_tokens {
         let Some(l) = logits.take() else { break };
-        let row = l
-            .try_as_slice::<f32>()
-            .map_err(|e| EngineError::Request(format!("logits: {e}")))?;
-        let choice = sampler.sample(row);
+        let choice = sampler.sample_logits(&l)?;
         if req.stop_ids.contains(&choice.token) {
             out.finish = FinishReason::Stop;
             break;

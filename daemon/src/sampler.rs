@@ -60,6 +60,14 @@ impl Sampler {
         }
     }
 
+    /// Picks the next token from a logits array (`[vocab]` or `[1, vocab]`, f32).
+    pub fn sample_logits(&mut self, logits: &mlx_rs::Array) -> crate::Result<Choice> {
+        let row = logits
+            .try_as_slice::<f32>()
+            .map_err(|e| crate::EngineError::Request(format!("logits: {e}")))?;
+        Ok(self.sample(row))
+    }
+
     /// Picks the next token from `logits` and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Choice {
         let logprobs = log_softmax(logits);

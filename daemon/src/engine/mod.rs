@@ -198,7 +198,7 @@ impl Engine {
             geometry: geometry.clone(),
             pool: PoolStats::default(),
         };
-        let mut engine = Engine {
+        let engine = Engine {
             loaded,
             pool,
             config: config.clone(),
@@ -206,7 +206,7 @@ impl Engine {
             running: Vec::new(),
             cache_held: HashSet::new(),
             finishing: HashMap::new(),
-            next_tag: 0,
+            next_tag: 1,
             preemptions: 0,
             cache: None,
             runtime: None,
@@ -216,7 +216,6 @@ impl Engine {
             pool: engine.pool_stats(),
             ..info
         };
-        engine.next_tag = 1;
         Ok((engine, Started { info, geometry }))
     }
 

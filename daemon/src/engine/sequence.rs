@@ -82,10 +82,7 @@ impl Sequence {
         let Some(logits) = self.next_logits.take() else {
             return Ok(Sampled::Finished(FinishReason::Length));
         };
-        let row = logits
-            .try_as_slice::<f32>()
-            .map_err(|e| crate::EngineError::Request(format!("logits: {e}")))?;
-        let choice = self.sampler.sample(row);
+        let choice = self.sampler.sample_logits(&logits)?;
         if self.stop_ids.contains(&choice.token) {
             return Ok(Sampled::Finished(FinishReason::Stop));
         }
