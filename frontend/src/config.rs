@@ -1,0 +1,92 @@
+//! Command-line flags (each also settable by an `MLXCEL_*` environment variable).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use mlxcel_ipc::size::parse_size;
+
+/// mlxcel-frontend: the OpenAI-compatible HTTP API (`/v1/chat/completions`, `/v1/completions`,
+/// `/v1/models`) plus `/health`, `/metrics` and `/v1/cache/*`, served over the mlxcel daemon
+/// (`<socket-dir>/daemon.sock`) and cache manager (`<socket-dir>/cachemgr.sock`). It starts
+/// without them and answers 503 until the daemon is reachable.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "mlxcel-frontend", version, about, long_about)]
+pub struct Args {
+    /// Address to listen on. Anything but loopback requires --api-key.
+    #[arg(long, env = "MLXCEL_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// TCP port to listen on.
+    #[arg(long, env = "MLXCEL_PORT", default_value_t = 8080)]
+    pub port: u16,
+
+    /// Directory of the sockets (default: $XDG_RUNTIME_DIR/mlxcel, else /tmp/mlxcel-<uid>).
+    #[arg(long, env = "MLXCEL_SOCKET_DIR", value_name = "DIR")]
+    pub socket_dir: Option<PathBuf>,
+
+    /// Bearer token clients must send (`Authorization: Bearer <key>`) on every route but /health.
+    #[arg(long, env = "MLXCEL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Requests that may wait for their first token at once; more get 429.
+    #[arg(long, env = "MLXCEL_MAX_QUEUE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_queue: u32,
+
+    /// Largest request body, e.g. 8MiB; larger ones get 413.
+    #[arg(long, env = "MLXCEL_MAX_BODY_BYTES", default_value = "8MiB", value_parser = parse_size)]
+    pub max_body_bytes: u64,
+
+    /// Largest IPC frame from the daemon (its model info carries the tokenizer), at most 64MiB.
+    #[arg(long, env = "MLXCEL_DAEMON_MAX_FRAME_BYTES", default_value = "32MiB", value_parser = parse_size)]
+    pub max_frame_bytes: u64,
+
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive list.
+    #[arg(long, env = "MLXCEL_LOG", default_value = "info")]
+    pub log_level: String,
+}
+
+impl Args {
+    /// The address to bind, refusing a non-loopback one without an API key.
+    pub fn bind_addr(&self) -> Result<(IpAddr, u16), String> {
+        let ip: IpAddr = if self.host == "localhost" {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            self.host
+                .parse()
+                .map_err(|_| format!("--host `{}` is not an IP address", self.host))?
+        };
+        if !ip.is_loopback() && self.api_key.as_deref().is_none_or(str::is_empty) {
+            return Err(format!(
+                "--host {ip} is reachable from other machines: set --api-key (or MLXCEL_API_KEY) \
+                 to require a bearer token, or bind to 127.0.0.1"
+            ));
+        }
+        Ok((ip, self.port))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["mlxcel-frontend"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).unwrap()
+    }
+
+    #[test]
+    fn a_public_bind_needs_an_api_key() {
+        assert!(args(&[]).bind_addr().is_ok());
+        let err = args(&["--host", "0.0.0.0"]).bind_addr().unwrap_err();
+        assert!(err.contains("--api-key"), "{err}");
+        assert!(
+            args(&["--host", "0.0.0.0", "--api-key", "k"])
+                .bind_addr()
+                .is_ok()
+        );
+        assert!(args(&["--host", "::1"]).bind_addr().is_ok());
+        assert!(args(&["--host", "nope"]).bind_addr().is_err());
+    }
+}

@@ -1,0 +1,185 @@
+//! The front end's one error type, and the one place that maps errors to an HTTP status and
+//! an OpenAI-shaped body: `{"error": {"message", "type", "param", "code"}}`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// Why a request could not be served.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    /// A parameter is missing, malformed or out of range (`param` names it).
+    #[error("{message}")]
+    InvalidParam {
+        param: Option<String>,
+        message: String,
+    },
+    /// The body is not JSON, or not the JSON this route takes.
+    #[error("{0}")]
+    InvalidJson(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
+    Unauthorized,
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    /// A named thing (e.g. a cache entry) does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    #[error("no route for {method} {path}")]
+    RouteNotFound { method: String, path: String },
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+    /// The waiting queue is full.
+    #[error("too many requests are waiting ({limit}); retry later")]
+    QueueFull { limit: usize },
+    /// The daemon (or the cache manager, for cache routes) is not reachable.
+    #[error("{what} is unavailable: {reason}")]
+    Unavailable { what: &'static str, reason: String },
+    /// The daemon refused or failed the request.
+    #[error("{0}")]
+    Generation(String),
+}
+
+impl ApiError {
+    pub fn param(param: &str, message: impl Into<String>) -> Self {
+        ApiError::InvalidParam {
+            param: Some(param.to_string()),
+            message: message.into(),
+        }
+    }
+
+    pub fn daemon_down(reason: impl Into<String>) -> Self {
+        ApiError::Unavailable {
+            what: "the inference daemon",
+            reason: reason.into(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidParam { .. } | ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::RouteNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Generation(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A stable code, also used as a metrics label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidParam { .. } => "invalid_parameter",
+            ApiError::InvalidJson(_) => "invalid_json",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::BodyTooLarge { .. } => "body_too_large",
+            ApiError::Unauthorized => "invalid_api_key",
+            ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::NotFound(_) | ApiError::RouteNotFound { .. } => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::QueueFull { .. } => "queue_full",
+            ApiError::Unavailable { .. } => "service_unavailable",
+            ApiError::Generation(_) => "generation_failed",
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status() {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::INTERNAL_SERVER_ERROR => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The OpenAI error body.
+    pub fn body(&self) -> ErrorBody {
+        let param = match self {
+            ApiError::InvalidParam { param, .. } => param.clone(),
+            ApiError::ModelNotFound(_) => Some("model".to_string()),
+            _ => None,
+        };
+        ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                kind: self.kind(),
+                param,
+                code: Some(self.code()),
+            },
+        }
+    }
+
+    /// How long a client should wait before retrying, for statuses that say "later".
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ApiError::QueueFull { .. } => Some(Duration::from_secs(1)),
+            ApiError::Unavailable { .. } => Some(Duration::from_secs(5)),
+            _ => None,
+        }
+    }
+}
+
+/// `{"error": {...}}`.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), code = self.code(), "{self}");
+        } else {
+            tracing::debug!(status = status.as_u16(), code = self.code(), "{self}");
+        }
+        let retry = self.retry_after();
+        let mut response = (status, Json(self.body())).into_response();
+        if let Some(after) = retry {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(after.as_secs().max(1)),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_the_openai_shape_and_its_status() {
+        let e = ApiError::param("temperature", "must be between 0 and 2, got 3");
+        let v = serde_json::to_value(e.body()).unwrap();
+        assert_eq!(v["error"]["param"], "temperature");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "invalid_parameter");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let r = ApiError::daemon_down("no socket").into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "5");
+    }
+}

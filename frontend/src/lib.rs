@@ -1,0 +1,37 @@
+//! `mlxcel-frontend`: the OpenAI-compatible HTTP API over the daemon.
+//!
+//! The front end owns everything about text: it validates requests, renders chat templates,
+//! tokenizes (with the tokenizer the daemon hands over as data: no MLX, no model files here),
+//! sends token ids to the daemon over its socket, and turns the streamed token ids back into
+//! text (incremental detokenization, stop strings) as JSON bodies or SSE streams. It also
+//! answers the operations routes by asking the daemon and the cache manager.
+//!
+//! # Layout
+//! - [`routes`]: the router, bearer-token check, request ids; one file per group of routes.
+//! - [`body`]: the JSON body extractor with OpenAI-shaped refusals.
+//! - [`openai`]: request and response types as OpenAI clients see them.
+//! - [`validate`]: OpenAI requests → [`validate::ValidRequest`], the only type sent on.
+//! - [`text`]: the model's tokenizer, chat template, incremental detokenizer, stop strings.
+//! - [`daemon_link`]: the connection to the daemon (reconnecting) and per-request streams.
+//! - [`completion`]: one generation's token events → text pieces and a finish.
+//! - [`respond`]: pieces → one JSON body or SSE chunks.
+//! - [`queue`]: the bound on waiting requests (429).
+//! - [`cache_admin`]: questions to the cache manager.
+//! - [`metrics`]: counters, histograms and the Prometheus text format.
+//! - [`error`]: the one error type and its HTTP mapping.
+//! - [`config`]: command-line flags.
+
+pub mod body;
+pub mod cache_admin;
+pub mod completion;
+pub mod config;
+pub mod daemon_link;
+pub mod error;
+pub mod metrics;
+pub mod openai;
+pub mod queue;
+pub mod respond;
+pub mod routes;
+pub mod state;
+pub mod text;
+pub mod validate;

@@ -1,0 +1,88 @@
+//! `mlxcel-frontend`: see `--help`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use mlxcel_frontend::cache_admin::CacheAdmin;
+use mlxcel_frontend::config::Args;
+use mlxcel_frontend::daemon_link::{DaemonLink, LinkConfig};
+use mlxcel_frontend::metrics::Metrics;
+use mlxcel_frontend::queue::WaitQueue;
+use mlxcel_frontend::routes;
+use mlxcel_frontend::state::AppState;
+use mlxcel_ipc::Limits;
+use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    // Two workers: the front end is mostly waiting, and the daemon needs the cores.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(rt) => rt.block_on(run(args)),
+        Err(e) => Err(format!("cannot start the runtime: {e}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("mlxcel-frontend: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let addr = args.bind_addr()?;
+    let dir = RuntimeDir::new(args.socket_dir.as_deref());
+    let daemon_socket = dir.socket(DAEMON_SOCKET).map_err(|e| e.to_string())?;
+    let cachemgr_socket = dir.socket(CACHEMGR_SOCKET).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {}:{}: {e}", addr.0, addr.1))?;
+    let shutdown = CancellationToken::new();
+    let daemon = DaemonLink::spawn(
+        LinkConfig {
+            socket: daemon_socket,
+            limits: Limits::new(usize::try_from(args.max_frame_bytes).unwrap_or(usize::MAX)),
+            max_backoff: Duration::from_secs(1),
+        },
+        shutdown.clone(),
+    );
+    let state = AppState {
+        daemon,
+        cache: CacheAdmin {
+            socket: cachemgr_socket,
+            timeout: Duration::from_secs(2),
+        },
+        queue: WaitQueue::new(args.max_queue as usize),
+        metrics: Arc::new(Metrics::default()),
+        api_key: args.api_key.filter(|k| !k.is_empty()).map(Arc::from),
+        max_body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
+    };
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(address = %local, auth = state.api_key.is_some(), "front end listening");
+    let app = routes::router(state);
+    let stop = shutdown.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            mlxcel_ipc::signals::terminate_or_interrupt().await;
+            tracing::info!("stopping");
+            stop.cancel();
+        })
+        .await
+        .map_err(|e| format!("the HTTP server failed: {e}"))?;
+    tracing::info!("stopped");
+    Ok(())
+}

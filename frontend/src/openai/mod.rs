@@ -1,0 +1,4 @@
+//! OpenAI's wire shapes.
+
+pub mod request;
+pub mod response;

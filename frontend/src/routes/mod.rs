@@ -1,0 +1,140 @@
+//! The router: routes, the bearer-token check, request ids, response counting, and
+//! OpenAI-shaped answers for unknown routes and wrong methods.
+
+mod cache;
+mod generate;
+mod ops;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The request's id: the client's `x-request-id` when it is sane, else one of ours.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+const REQUEST_ID: &str = "x-request-id";
+
+/// Builds the application.
+pub fn router(state: AppState) -> Router {
+    let guarded = Router::new()
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/models", get(ops::models))
+        .route("/metrics", get(ops::metrics))
+        .route("/v1/cache/stats", get(cache::stats))
+        .route("/v1/cache/entries", get(cache::entries))
+        .route("/v1/cache/evict", post(cache::evict))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(guarded)
+        .route("/health", get(ops::health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_context,
+        ))
+        .with_state(state)
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::RouteNotFound {
+        method: req.method().to_string(),
+        path: req.uri().path().to_string(),
+    }
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: req.method().to_string(),
+        path: req.uri().path().to_string(),
+    }
+}
+
+/// Refuses requests without the configured bearer token (constant-time comparison).
+async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &app.api_key {
+        let sent = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(sent.trim().as_bytes(), key.as_bytes()) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit, so timing does not reveal how much of a key matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(!x));
+    }
+    diff == 0
+}
+
+/// Assigns the request id (echoed in `x-request-id`), logs the request at debug level (never
+/// its body), and counts the response by route and status.
+async fn request_context(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = req
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            format!(
+                "{:x}{:06x}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            )
+        });
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let method = req.method().clone();
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let started = Instant::now();
+    let span = tracing::info_span!("request", request_id = %id);
+    let mut response = tracing::Instrument::instrument(next.run(req), span.clone()).await;
+    let status = response.status().as_u16();
+    app.metrics.response(&route, status);
+    span.in_scope(|| {
+        tracing::debug!(%method, %route, status, elapsed_ms = started.elapsed().as_millis() as u64, "answered")
+    });
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, v);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn keys_compare_equal_only_when_identical() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

@@ -1,0 +1,20 @@
+//! What every handler shares.
+
+use std::sync::Arc;
+
+use crate::cache_admin::CacheAdmin;
+use crate::daemon_link::DaemonLink;
+use crate::metrics::Metrics;
+use crate::queue::WaitQueue;
+
+/// The application state, cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub daemon: DaemonLink,
+    pub cache: CacheAdmin,
+    pub queue: WaitQueue,
+    pub metrics: Arc<Metrics>,
+    /// The bearer token clients must send (None = no authentication).
+    pub api_key: Option<Arc<str>>,
+    pub max_body_bytes: usize,
+}

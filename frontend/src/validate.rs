@@ -1,0 +1,340 @@
+//! OpenAI requests → [`ValidRequest`], the only type that crosses to the daemon. Every refusal
+//! names the field and the limit it broke.
+
+use mlxcel_ipc::proto::daemon::Sampling;
+
+use crate::error::ApiError;
+use crate::openai::request::{
+    ChatRequest, CommonParams, CompletionRequest, Content, Message, Prompt, Stop,
+};
+use crate::text::ModelText;
+use crate::text::template::TemplateMessage;
+
+/// At most this many stop strings (OpenAI's limit).
+pub const MAX_STOPS: usize = 4;
+/// The longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 256;
+/// `top_logprobs` range (OpenAI's).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// A request that can be sent as is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    pub model: String,
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampling: Sampling,
+    pub stops: Vec<String>,
+    /// Return each token's log-probability.
+    pub logprobs: bool,
+    /// Also list it as its own top alternative.
+    pub top_logprobs: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Validates a chat request and renders its prompt with the model's template.
+pub fn chat(req: &ChatRequest, model: &ModelText) -> Result<ValidRequest, ApiError> {
+    let model_id = check_model(req.model.as_deref(), model)?;
+    if req.messages.is_empty() {
+        return Err(ApiError::param(
+            "messages",
+            "must contain at least one message",
+        ));
+    }
+    let messages = req
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| template_message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let text = model
+        .render_chat(&messages)
+        .map_err(|e| ApiError::param("messages", e))?;
+    let prompt = model
+        .encode(&text, false)
+        .map_err(|e| ApiError::param("messages", e))?;
+    let max = match (req.max_completion_tokens, req.common.max_tokens) {
+        (Some(m), _) => Some(("max_completion_tokens", m)),
+        (None, m) => m.map(|m| ("max_tokens", m)),
+    };
+    let logprobs = req.logprobs.unwrap_or(false);
+    let top = match req.top_logprobs {
+        None => false,
+        Some(n) if n > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::param(
+                "top_logprobs",
+                format!("must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+            ));
+        }
+        Some(_) if !logprobs => {
+            return Err(ApiError::param(
+                "top_logprobs",
+                "requires `logprobs` to be true",
+            ));
+        }
+        Some(n) => n > 0,
+    };
+    let draft = Draft {
+        model_id,
+        prompt,
+        prompt_field: "messages",
+        max,
+        logprobs,
+        top_logprobs: top,
+    };
+    finish(draft, &req.common, model)
+}
+
+/// Validates a completions request and tokenizes its prompt.
+pub fn completion(req: &CompletionRequest, model: &ModelText) -> Result<ValidRequest, ApiError> {
+    let model_id = check_model(req.model.as_deref(), model)?;
+    if req.echo {
+        return Err(ApiError::param("echo", "`echo` is not supported"));
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::param("suffix", "`suffix` is not supported"));
+    }
+    if req.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::param("best_of", "only best_of = 1 is supported"));
+    }
+    let prompt = match &req.prompt {
+        Prompt::Text(t) => encode_prompt(t, model)?,
+        Prompt::Texts(ts) if ts.len() == 1 => encode_prompt(&ts[0], model)?,
+        Prompt::Tokens(ids) => check_ids(ids, model)?,
+        Prompt::Batches(b) if b.len() == 1 => check_ids(&b[0], model)?,
+        _ => {
+            return Err(ApiError::param(
+                "prompt",
+                "exactly one prompt is supported (a string, or a list of token ids)",
+            ));
+        }
+    };
+    let logprobs = match req.logprobs {
+        Some(n) if n > 5 => {
+            return Err(ApiError::param(
+                "logprobs",
+                format!("must be between 0 and 5, got {n}"),
+            ));
+        }
+        Some(_) => true,
+        None => false,
+    };
+    let draft = Draft {
+        model_id,
+        prompt,
+        prompt_field: "prompt",
+        max: req.common.max_tokens.map(|m| ("max_tokens", m)),
+        logprobs,
+        top_logprobs: logprobs,
+    };
+    finish(draft, &req.common, model)
+}
+
+/// What each route worked out before the shared checks.
+struct Draft {
+    model_id: String,
+    prompt: Vec<u32>,
+    /// The field the prompt came from (named in context-window errors).
+    prompt_field: &'static str,
+    /// The field that set the token limit, and its value.
+    max: Option<(&'static str, u64)>,
+    logprobs: bool,
+    top_logprobs: bool,
+}
+
+fn check_model(requested: Option<&str>, model: &ModelText) -> Result<String, ApiError> {
+    match requested {
+        None | Some("") => Ok(model.model_id.clone()),
+        Some(m) if m == model.model_id => Ok(m.to_string()),
+        Some(m) => Err(ApiError::ModelNotFound(m.to_string())),
+    }
+}
+
+fn template_message(i: usize, m: &Message) -> Result<TemplateMessage, ApiError> {
+    let param = |field: &str| format!("messages[{i}].{field}");
+    if !ROLES.contains(&m.role.as_str()) {
+        return Err(ApiError::param(
+            &param("role"),
+            format!(
+                "unknown role `{}` (expected one of {})",
+                m.role,
+                ROLES.join(", ")
+            ),
+        ));
+    }
+    let content = match &m.content {
+        Some(Content::Text(t)) => t.clone(),
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                match (part.kind.as_str(), &part.text) {
+                    ("text", Some(t)) => text.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::param(
+                            &param(&format!("content[{j}]")),
+                            format!("only text parts are supported, got `{kind}`"),
+                        ));
+                    }
+                }
+            }
+            text
+        }
+        None if m.role == "assistant" => String::new(),
+        None => return Err(ApiError::param(&param("content"), "is required")),
+    };
+    // Developer messages are system messages for templates that predate the role.
+    let role = if m.role == "developer" {
+        "system"
+    } else {
+        &m.role
+    };
+    Ok(TemplateMessage {
+        role: role.to_string(),
+        content,
+    })
+}
+
+fn encode_prompt(text: &str, model: &ModelText) -> Result<Vec<u32>, ApiError> {
+    model
+        .encode(text, true)
+        .map_err(|e| ApiError::param("prompt", e))
+}
+
+fn check_ids(ids: &[u32], model: &ModelText) -> Result<Vec<u32>, ApiError> {
+    let vocab = model.tokenizer.get_vocab_size(true) as u32;
+    if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+        return Err(ApiError::param(
+            "prompt",
+            format!("token id {bad} is outside the vocabulary (size {vocab})"),
+        ));
+    }
+    Ok(ids.to_vec())
+}
+
+/// Checks the shared parameters and the context window.
+fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequest, ApiError> {
+    let Draft {
+        model_id,
+        prompt,
+        prompt_field,
+        max,
+        logprobs,
+        top_logprobs,
+    } = draft;
+    if let Some(n) = p.n
+        && n != 1
+    {
+        return Err(ApiError::param(
+            "n",
+            format!("only n = 1 is supported, got {n}"),
+        ));
+    }
+    if prompt.is_empty() {
+        return Err(ApiError::param(prompt_field, "the prompt is empty"));
+    }
+    let context = u64::from(model.context_length);
+    let len = prompt.len() as u64;
+    if len >= context {
+        return Err(ApiError::param(
+            prompt_field,
+            format!(
+                "the prompt is {len} tokens; the model's context window is {context} tokens \
+                 (room must remain for at least one generated token)"
+            ),
+        ));
+    }
+    let room = context - len;
+    let max_tokens = match max {
+        None => room,
+        Some((field, 0)) => {
+            return Err(ApiError::param(field, "must be at least 1"));
+        }
+        Some((field, m)) if m > room => {
+            return Err(ApiError::param(
+                field,
+                format!(
+                    "{field} = {m} does not fit: the prompt is {len} tokens and the context \
+                     window is {context} tokens, so at most {room} can be generated"
+                ),
+            ));
+        }
+        Some((_, m)) => m,
+    };
+    let sampling = Sampling {
+        temperature: range(p.temperature, "temperature", 0.0, 2.0, 1.0)?,
+        top_p: range(p.top_p, "top_p", f64::MIN_POSITIVE, 1.0, 1.0)?,
+        top_k: match p.top_k {
+            None | Some(-1) => 0,
+            Some(k) if (0..=i64::from(u32::MAX)).contains(&k) => k as u32,
+            Some(k) => {
+                return Err(ApiError::param(
+                    "top_k",
+                    format!("must be 0 (off) or a positive count, got {k}"),
+                ));
+            }
+        },
+        min_p: range(p.min_p, "min_p", 0.0, 1.0, 0.0)?,
+        seed: p.seed.map(|s| s as u64),
+        repetition_penalty: range(p.repetition_penalty, "repetition_penalty", 0.01, 10.0, 1.0)?,
+        presence_penalty: range(p.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?,
+        frequency_penalty: range(p.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?,
+    };
+    let stops = match &p.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stops.len() > MAX_STOPS {
+        return Err(ApiError::param(
+            "stop",
+            format!("at most {MAX_STOPS} stop strings, got {}", stops.len()),
+        ));
+    }
+    if let Some(s) = stops.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::param(
+            "stop",
+            format!(
+                "a stop string is {} bytes; the limit is {MAX_STOP_BYTES}",
+                s.len()
+            ),
+        ));
+    }
+    if p.stream_options.is_some() && !p.stream {
+        return Err(ApiError::param(
+            "stream_options",
+            "is only allowed when `stream` is true",
+        ));
+    }
+    Ok(ValidRequest {
+        model: model_id,
+        prompt,
+        max_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
+        sampling,
+        stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+        logprobs,
+        top_logprobs,
+        stream: p.stream,
+        include_usage: p.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    })
+}
+
+/// `value` (or `default`) if within `[lo, hi]`; a 400 naming `field` otherwise.
+fn range(value: Option<f64>, field: &str, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
+    match value {
+        None => Ok(default as f32),
+        Some(v) if v.is_finite() && v >= lo && v <= hi => Ok(v as f32),
+        Some(v) => {
+            let lo_text = if lo == f64::MIN_POSITIVE {
+                "above 0".to_string()
+            } else {
+                format!("at least {lo}")
+            };
+            Err(ApiError::param(
+                field,
+                format!("must be {lo_text} and at most {hi}, got {v}"),
+            ))
+        }
+    }
+}
