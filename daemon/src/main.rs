@@ -143,7 +143,7 @@ fn run(args: Args) -> Result<(), String> {
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));
         let limits = Limits::new(usize::try_from(args.max_frame_bytes).unwrap_or(usize::MAX));
-        let shared = Shared { engine: engine_tx.clone(), info: Arc::new(started.info), cache, limits, block_tokens: config.block_tokens };
+        let shared = Shared { engine: engine_tx.clone(), info: Arc::new(started.info), cache, limits, block_tokens: config.block_tokens, vitals: started.vitals.clone() };
         server::serve(listener, shared, shutdown).await;
         let _ = engine_tx.send(Command::Shutdown);
         let joined = tokio::task::spawn_blocking(move || engine_thread.join());

@@ -7,16 +7,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
-use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FrontendToDaemon, ModelInfo};
+use mlxcel_ipc::proto::daemon::{DaemonHealth, DaemonToFrontend, FrontendToDaemon, ModelInfo};
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 use mlxcel_ipc::socket::{LocalListener, LocalStream};
 use mlxcel_ipc::{FrameError, HashSeed, Limits, Role, handshake};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache_client::CacheClient;
-use crate::engine::{Command, Prefix};
+use crate::engine::{Command, Prefix, Vitals, read_vitals};
 
 /// Everything a connection needs.
 #[derive(Clone)]
@@ -26,6 +26,8 @@ pub struct Shared {
     pub cache: CacheClient,
     pub limits: Limits,
     pub block_tokens: usize,
+    /// The engine's latest counts (health is answered from here, without waiting on it).
+    pub vitals: Vitals,
 }
 
 /// Accepts connections until `shutdown`.
@@ -112,17 +114,16 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                 let _ = events.send(DaemonToFrontend::Info(Box::new((*shared.info).clone())));
             }
             FrontendToDaemon::Health => {
-                let (reply, rx) = oneshot::channel();
-                let cmd = Command::Health {
-                    connected: shared.cache.epoch().is_some(),
-                    epoch: shared.cache.epoch(),
-                    reply,
-                };
-                if shared.engine.send(cmd).is_ok()
-                    && let Ok(h) = rx.await
-                {
-                    let _ = events.send(DaemonToFrontend::Health(h));
-                }
+                let v = read_vitals(&shared.vitals);
+                let epoch = shared.cache.epoch();
+                let _ = events.send(DaemonToFrontend::Health(DaemonHealth {
+                    cachemgr_connected: epoch.is_some(),
+                    epoch,
+                    running: v.running,
+                    waiting: v.waiting,
+                    preemptions: v.preemptions,
+                    pool: v.pool,
+                }));
             }
         }
     }

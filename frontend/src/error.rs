@@ -47,10 +47,11 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// A refused parameter; the message is prefixed with the parameter's name.
     pub fn param(param: &str, message: impl Into<String>) -> Self {
         ApiError::InvalidParam {
             param: Some(param.to_string()),
-            message: message.into(),
+            message: format!("`{param}` {}", message.into()),
         }
     }
 

@@ -49,12 +49,15 @@ pub fn chat(req: &ChatRequest, model: &ModelText) -> Result<ValidRequest, ApiErr
         .enumerate()
         .map(|(i, m)| template_message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
-    let text = model
-        .render_chat(&messages)
-        .map_err(|e| ApiError::param("messages", e))?;
+    let text = model.render_chat(&messages).map_err(|e| {
+        ApiError::param(
+            "messages",
+            format!("were refused by the chat template: {e}"),
+        )
+    })?;
     let prompt = model
         .encode(&text, false)
-        .map_err(|e| ApiError::param("messages", e))?;
+        .map_err(|e| ApiError::param("messages", format!("could not be tokenized: {e}")))?;
     let max = match (req.max_completion_tokens, req.common.max_tokens) {
         (Some(m), _) => Some(("max_completion_tokens", m)),
         (None, m) => m.map(|m| ("max_tokens", m)),
@@ -91,13 +94,16 @@ pub fn chat(req: &ChatRequest, model: &ModelText) -> Result<ValidRequest, ApiErr
 pub fn completion(req: &CompletionRequest, model: &ModelText) -> Result<ValidRequest, ApiError> {
     let model_id = check_model(req.model.as_deref(), model)?;
     if req.echo {
-        return Err(ApiError::param("echo", "`echo` is not supported"));
+        return Err(ApiError::param("echo", "is not supported"));
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::param("suffix", "`suffix` is not supported"));
+        return Err(ApiError::param("suffix", "is not supported"));
     }
     if req.best_of.is_some_and(|b| b != 1) {
-        return Err(ApiError::param("best_of", "only best_of = 1 is supported"));
+        return Err(ApiError::param(
+            "best_of",
+            "must be 1 (one candidate is generated)",
+        ));
     }
     let prompt = match &req.prompt {
         Prompt::Text(t) => encode_prompt(t, model)?,
@@ -107,7 +113,7 @@ pub fn completion(req: &CompletionRequest, model: &ModelText) -> Result<ValidReq
         _ => {
             return Err(ApiError::param(
                 "prompt",
-                "exactly one prompt is supported (a string, or a list of token ids)",
+                "must be one prompt (a string, or a list of token ids)",
             ));
         }
     };
@@ -157,11 +163,7 @@ fn template_message(i: usize, m: &Message) -> Result<TemplateMessage, ApiError> 
     if !ROLES.contains(&m.role.as_str()) {
         return Err(ApiError::param(
             &param("role"),
-            format!(
-                "unknown role `{}` (expected one of {})",
-                m.role,
-                ROLES.join(", ")
-            ),
+            format!("must be one of {}, got `{}`", ROLES.join(", "), m.role),
         ));
     }
     let content = match &m.content {
@@ -174,7 +176,7 @@ fn template_message(i: usize, m: &Message) -> Result<TemplateMessage, ApiError> 
                     (kind, _) => {
                         return Err(ApiError::param(
                             &param(&format!("content[{j}]")),
-                            format!("only text parts are supported, got `{kind}`"),
+                            format!("must be a text part, got `{kind}`"),
                         ));
                     }
                 }
@@ -199,7 +201,7 @@ fn template_message(i: usize, m: &Message) -> Result<TemplateMessage, ApiError> 
 fn encode_prompt(text: &str, model: &ModelText) -> Result<Vec<u32>, ApiError> {
     model
         .encode(text, true)
-        .map_err(|e| ApiError::param("prompt", e))
+        .map_err(|e| ApiError::param("prompt", format!("could not be tokenized: {e}")))
 }
 
 fn check_ids(ids: &[u32], model: &ModelText) -> Result<Vec<u32>, ApiError> {
@@ -207,7 +209,7 @@ fn check_ids(ids: &[u32], model: &ModelText) -> Result<Vec<u32>, ApiError> {
     if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
         return Err(ApiError::param(
             "prompt",
-            format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            format!("contains token id {bad}, outside the vocabulary (size {vocab})"),
         ));
     }
     Ok(ids.to_vec())
@@ -226,13 +228,10 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
     if let Some(n) = p.n
         && n != 1
     {
-        return Err(ApiError::param(
-            "n",
-            format!("only n = 1 is supported, got {n}"),
-        ));
+        return Err(ApiError::param("n", format!("must be 1, got {n}")));
     }
     if prompt.is_empty() {
-        return Err(ApiError::param(prompt_field, "the prompt is empty"));
+        return Err(ApiError::param(prompt_field, "is empty (no tokens)"));
     }
     let context = u64::from(model.context_length);
     let len = prompt.len() as u64;
@@ -240,7 +239,7 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
         return Err(ApiError::param(
             prompt_field,
             format!(
-                "the prompt is {len} tokens; the model's context window is {context} tokens \
+                "is {len} tokens long; the model's context window is {context} tokens \
                  (room must remain for at least one generated token)"
             ),
         ));
@@ -255,7 +254,7 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
             return Err(ApiError::param(
                 field,
                 format!(
-                    "{field} = {m} does not fit: the prompt is {len} tokens and the context \
+                    "= {m} does not fit: the prompt is {len} tokens and the context \
                      window is {context} tokens, so at most {room} can be generated"
                 ),
             ));
@@ -289,14 +288,14 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
     if stops.len() > MAX_STOPS {
         return Err(ApiError::param(
             "stop",
-            format!("at most {MAX_STOPS} stop strings, got {}", stops.len()),
+            format!("may hold at most {MAX_STOPS} strings, got {}", stops.len()),
         ));
     }
     if let Some(s) = stops.iter().find(|s| s.len() > MAX_STOP_BYTES) {
         return Err(ApiError::param(
             "stop",
             format!(
-                "a stop string is {} bytes; the limit is {MAX_STOP_BYTES}",
+                "holds a string of {} bytes; the limit is {MAX_STOP_BYTES}",
                 s.len()
             ),
         ));

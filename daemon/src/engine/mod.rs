@@ -17,17 +17,17 @@ mod sequence;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mlx_rs::{Array, Dtype};
 use mlxcel_ipc::proto::cache::{DonatedBlock, Epoch, InventoryReport, LeaseId};
 use mlxcel_ipc::proto::daemon::{
-    DaemonHealth, DaemonToFrontend, FinishReason, Generate, ModelInfo, PoolStats, RequestId,
+    DaemonToFrontend, FinishReason, Generate, ModelInfo, PoolStats, RequestId,
 };
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 use mlxcel_ipc::{BlockId, Geometry};
 use tokio::sync::mpsc::UnboundedSender;
-use tokio::sync::oneshot;
 
 use crate::cache_client::{CacheClient, ManagerOrder};
 use crate::paged::{PagedBatch, PagedSeq};
@@ -72,18 +72,33 @@ pub enum Command {
     /// The cache-manager client, and the runtime its requests run on.
     AttachCache(CacheClient, tokio::runtime::Handle),
     Order(ManagerOrder),
-    Health {
-        connected: bool,
-        epoch: Option<Epoch>,
-        reply: oneshot::Sender<DaemonHealth>,
-    },
     Shutdown,
+}
+
+/// The engine's counts, published after every scheduling round so that health questions are
+/// answered at once, never queued behind a model step (a long prefill takes seconds).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineVitals {
+    pub running: u32,
+    pub waiting: u32,
+    /// Sequences preempted so far.
+    pub preemptions: u64,
+    pub pool: PoolStats,
+}
+
+/// Where the engine publishes its [`EngineVitals`].
+pub type Vitals = Arc<Mutex<EngineVitals>>;
+
+/// The latest published vitals.
+pub fn read_vitals(vitals: &Vitals) -> EngineVitals {
+    *vitals.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What the engine reports once the model is loaded.
 pub struct Started {
     pub info: ModelInfo,
     pub geometry: Geometry,
+    pub vitals: Vitals,
 }
 
 /// Starts the engine thread: loads the model, builds the pool, then serves commands.
@@ -130,6 +145,7 @@ struct Engine {
     cache: Option<CacheClient>,
     runtime: Option<tokio::runtime::Handle>,
     epoch: Option<Epoch>,
+    vitals: Vitals,
 }
 
 fn pool_blocks(config: &EngineConfig, block_bytes: u64) -> u32 {
@@ -211,12 +227,22 @@ impl Engine {
             cache: None,
             runtime: None,
             epoch: None,
+            vitals: Vitals::default(),
         };
+        engine.publish();
         let info = ModelInfo {
             pool: engine.pool_stats(),
             ..info
         };
-        Ok((engine, Started { info, geometry }))
+        let vitals = engine.vitals.clone();
+        Ok((
+            engine,
+            Started {
+                info,
+                geometry,
+                vitals,
+            },
+        ))
     }
 
     fn pool_stats(&self) -> PoolStats {
@@ -228,6 +254,16 @@ impl Engine {
             block_bytes: shape.block_bytes() as u64,
             pool_bytes_measured: self.pool.measured_bytes(),
         }
+    }
+
+    fn publish(&self) {
+        let now = EngineVitals {
+            running: self.running.len() as u32,
+            waiting: self.waiting.len() as u32,
+            preemptions: self.preemptions,
+            pool: self.pool_stats(),
+        };
+        *self.vitals.lock().unwrap_or_else(|p| p.into_inner()) = now;
     }
 
     fn run(mut self, rx: Receiver<Command>) {
@@ -266,7 +302,9 @@ impl Engine {
                 }
             }
             self.admit();
+            self.publish();
             self.step_all();
+            self.publish();
         }
         self.shutdown();
     }
@@ -289,20 +327,6 @@ impl Engine {
                 self.runtime = Some(runtime);
             }
             Command::Order(order) => self.order(order),
-            Command::Health {
-                connected,
-                epoch,
-                reply,
-            } => {
-                let _ = reply.send(DaemonHealth {
-                    cachemgr_connected: connected,
-                    epoch,
-                    running: self.running.len() as u32,
-                    waiting: self.waiting.len() as u32,
-                    preemptions: self.preemptions,
-                    pool: self.pool_stats(),
-                });
-            }
             Command::Shutdown => return false,
         }
         true

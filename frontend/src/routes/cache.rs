@@ -86,7 +86,7 @@ impl EvictBody {
             let d: Duration = humantime::parse_duration(age).map_err(|e| {
                 ApiError::param(
                     "older_than",
-                    format!("`{age}` is not a duration like 10m: {e}"),
+                    format!("must be a duration like 10m, got `{age}`: {e}"),
                 )
             })?;
             return Ok(EvictSelector::OlderThanMs(
@@ -102,7 +102,7 @@ impl EvictBody {
             .ok_or_else(|| {
                 ApiError::param(
                     "to_bytes",
-                    format!("`{v}` is not a size like 1073741824 or \"1GiB\""),
+                    format!("must be a size like 1073741824 or \"1GiB\", got `{v}`"),
                 )
             })?;
             return Ok(EvictSelector::ToBytes(bytes));
