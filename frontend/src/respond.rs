@@ -75,19 +75,28 @@ impl Chunker {
         logprobs: Option<ChatLogprobs>,
         finish: Option<&'static str>,
     ) -> String {
-        to_json(&ChatChunk {
+        let choice = ChatChunkChoice {
+            index: 0,
+            delta,
+            logprobs,
+            finish_reason: finish,
+        };
+        to_json(&self.chat_chunk_with(vec![choice], self.usage_field()))
+    }
+
+    fn chat_chunk_with(
+        &self,
+        choices: Vec<ChatChunkChoice>,
+        usage: Option<Option<Usage>>,
+    ) -> ChatChunk {
+        ChatChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",
             created: self.created,
             model: self.model.clone(),
-            choices: vec![ChatChunkChoice {
-                index: 0,
-                delta,
-                logprobs,
-                finish_reason: finish,
-            }],
-            usage: self.usage_field(),
-        })
+            choices,
+            usage,
+        }
     }
 
     fn completion_chunk(
@@ -96,19 +105,29 @@ impl Chunker {
         logprobs: Option<CompletionLogprobs>,
         finish: Option<&'static str>,
     ) -> String {
-        to_json(&CompletionResponse {
+        let choice = CompletionChoice {
+            index: 0,
+            text,
+            logprobs,
+            finish_reason: finish,
+        };
+        to_json(&self.completion_with(vec![choice], self.usage_field()))
+    }
+
+    /// A `text_completion` object (a whole response, or one chunk of a stream).
+    fn completion_with(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Option<Usage>>,
+    ) -> CompletionResponse {
+        CompletionResponse {
             id: self.id.clone(),
             object: "text_completion",
             created: self.created,
             model: self.model.clone(),
-            choices: vec![CompletionChoice {
-                index: 0,
-                text,
-                logprobs,
-                finish_reason: finish,
-            }],
-            usage: self.usage_field(),
-        })
+            choices,
+            usage,
+        }
     }
 
     /// The chunk that opens a stream (chat: the assistant role with empty content).
@@ -164,22 +183,8 @@ impl Chunker {
     /// The last chunk of `include_usage` streams: no choices, the usage.
     fn usage_chunk(&self, usage: Usage) -> String {
         match self.kind {
-            Kind::Chat => to_json(&ChatChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: self.model.clone(),
-                choices: Vec::new(),
-                usage: Some(Some(usage)),
-            }),
-            Kind::Completion => to_json(&CompletionResponse {
-                id: self.id.clone(),
-                object: "text_completion",
-                created: self.created,
-                model: self.model.clone(),
-                choices: Vec::new(),
-                usage: Some(Some(usage)),
-            }),
+            Kind::Chat => to_json(&self.chat_chunk_with(Vec::new(), Some(Some(usage)))),
+            Kind::Completion => to_json(&self.completion_with(Vec::new(), Some(Some(usage)))),
         }
     }
 
@@ -219,19 +224,15 @@ impl Chunker {
                 usage,
             })
             .into_response(),
-            Kind::Completion => Json(CompletionResponse {
-                id: self.id.clone(),
-                object: "text_completion",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![CompletionChoice {
+            Kind::Completion => Json(self.completion_with(
+                vec![CompletionChoice {
                     index: 0,
                     text,
                     logprobs: self.completion_logprobs(tokens),
                     finish_reason: Some(finish),
                 }],
-                usage: Some(Some(usage)),
-            })
+                Some(Some(usage)),
+            ))
             .into_response(),
         }
     }

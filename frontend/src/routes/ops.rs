@@ -118,50 +118,55 @@ fn write_daemon(out: &mut Exposition, health: Option<DaemonHealth>) {
     );
     let Some(h) = health else { return };
     let p = h.pool;
-    out.gauge(
-        "mlxcel_pool_blocks",
-        "KV blocks in the daemon's pool.",
-        u64::from(p.total_blocks),
-    );
-    out.gauge(
-        "mlxcel_pool_free_blocks",
-        "KV blocks on the pool's free list.",
-        u64::from(p.free_blocks),
-    );
-    out.gauge(
-        "mlxcel_pool_cache_blocks",
-        "Pool blocks the daemon holds for the prefix cache.",
-        u64::from(p.cache_blocks),
-    );
-    out.gauge(
-        "mlxcel_pool_block_bytes",
-        "Real bytes of one KV block.",
-        p.block_bytes,
-    );
-    out.gauge(
-        "mlxcel_pool_bytes",
-        "Bytes of the pool tensors as the engine measures them.",
-        p.pool_bytes_measured,
-    );
-    out.gauge(
-        "mlxcel_running_sequences",
-        "Sequences the engine is running.",
-        u64::from(h.running),
-    );
-    out.gauge(
-        "mlxcel_queued_sequences",
-        "Sequences waiting in the engine.",
-        u64::from(h.waiting),
-    );
+    let gauges = [
+        (
+            "mlxcel_pool_blocks",
+            "KV blocks in the daemon's pool.",
+            u64::from(p.total_blocks),
+        ),
+        (
+            "mlxcel_pool_free_blocks",
+            "KV blocks on the pool's free list.",
+            u64::from(p.free_blocks),
+        ),
+        (
+            "mlxcel_pool_cache_blocks",
+            "Pool blocks the daemon holds for the prefix cache.",
+            u64::from(p.cache_blocks),
+        ),
+        (
+            "mlxcel_pool_block_bytes",
+            "Real bytes of one KV block.",
+            p.block_bytes,
+        ),
+        (
+            "mlxcel_pool_bytes",
+            "Bytes of the pool tensors as the engine measures them.",
+            p.pool_bytes_measured,
+        ),
+        (
+            "mlxcel_running_sequences",
+            "Sequences the engine is running.",
+            u64::from(h.running),
+        ),
+        (
+            "mlxcel_queued_sequences",
+            "Sequences waiting in the engine.",
+            u64::from(h.waiting),
+        ),
+        (
+            "mlxcel_daemon_cachemgr_connected",
+            "1 when the daemon is registered with the cache manager.",
+            u64::from(h.cachemgr_connected),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        out.gauge(name, help, value);
+    }
     out.counter(
         "mlxcel_preemptions_total",
         "Sequences preempted because the pool was full.",
         h.preemptions,
-    );
-    out.gauge(
-        "mlxcel_daemon_cachemgr_connected",
-        "1 when the daemon is registered with the cache manager.",
-        u64::from(h.cachemgr_connected),
     );
 }
 
@@ -172,78 +177,88 @@ fn write_cache(out: &mut Exposition, stats: Option<CacheStats>) {
         u64::from(stats.is_some()),
     );
     let Some(s) = stats else { return };
-    out.gauge(
-        "mlxcel_cache_capacity_bytes",
-        "The cap on used + releasing bytes.",
-        s.capacity_bytes,
-    );
-    out.gauge(
-        "mlxcel_cache_used_bytes",
-        "Bytes of blocks the cache retains.",
-        s.used_bytes,
-    );
-    out.gauge(
-        "mlxcel_cache_pinned_bytes",
-        "Retained bytes pinned by leases.",
-        s.pinned_bytes,
-    );
-    out.gauge(
-        "mlxcel_cache_releasing_bytes",
-        "Evicted bytes the daemon has not yet released.",
-        s.releasing_bytes,
-    );
-    out.gauge(
-        "mlxcel_cache_reserved_bytes",
-        "Bytes reserved for waiting donations.",
-        s.reserved_bytes,
-    );
-    out.gauge("mlxcel_cache_blocks", "Blocks the cache retains.", s.blocks);
-    out.gauge("mlxcel_cache_entries", "Cached prefix chains.", s.entries);
-    out.gauge(
-        "mlxcel_cache_active_leases",
-        "Leases currently held.",
-        s.active_leases,
-    );
-    out.gauge(
-        "mlxcel_cache_drift_bytes",
-        "Ledger vs daemon inventory difference at the last reconciliation.",
-        s.drift_bytes,
-    );
-    out.counter(
-        "mlxcel_cache_prefix_hits_total",
-        "Acquires that matched at least one block.",
-        s.prefix_hits,
-    );
-    out.counter(
-        "mlxcel_cache_prefix_misses_total",
-        "Acquires that matched nothing.",
-        s.prefix_misses,
-    );
-    out.counter(
-        "mlxcel_cache_hit_tokens_total",
-        "Prompt tokens served from the cache.",
-        s.hit_tokens,
-    );
-    out.counter(
-        "mlxcel_cache_miss_tokens_total",
-        "Prompt tokens of full blocks not found in the cache.",
-        s.miss_tokens,
-    );
-    out.counter(
-        "mlxcel_cache_inserted_blocks_total",
-        "Blocks that entered the cache.",
-        s.inserted_blocks,
-    );
-    out.counter(
-        "mlxcel_cache_expired_leases_total",
-        "Leases dropped by timeout.",
-        s.expired_leases,
-    );
-    out.counter(
-        "mlxcel_cache_release_retries_total",
-        "Releases sent again after no acknowledgement.",
-        s.release_retries,
-    );
+    let gauges = [
+        (
+            "mlxcel_cache_capacity_bytes",
+            "The cap on used + releasing bytes.",
+            s.capacity_bytes,
+        ),
+        (
+            "mlxcel_cache_used_bytes",
+            "Bytes of blocks the cache retains.",
+            s.used_bytes,
+        ),
+        (
+            "mlxcel_cache_pinned_bytes",
+            "Retained bytes pinned by leases.",
+            s.pinned_bytes,
+        ),
+        (
+            "mlxcel_cache_releasing_bytes",
+            "Evicted bytes the daemon has not yet released.",
+            s.releasing_bytes,
+        ),
+        (
+            "mlxcel_cache_reserved_bytes",
+            "Bytes reserved for waiting donations.",
+            s.reserved_bytes,
+        ),
+        ("mlxcel_cache_blocks", "Blocks the cache retains.", s.blocks),
+        ("mlxcel_cache_entries", "Cached prefix chains.", s.entries),
+        (
+            "mlxcel_cache_active_leases",
+            "Leases currently held.",
+            s.active_leases,
+        ),
+        (
+            "mlxcel_cache_drift_bytes",
+            "Ledger vs daemon inventory difference at the last reconciliation.",
+            s.drift_bytes,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        out.gauge(name, help, value);
+    }
+    let counters = [
+        (
+            "mlxcel_cache_prefix_hits_total",
+            "Acquires that matched at least one block.",
+            s.prefix_hits,
+        ),
+        (
+            "mlxcel_cache_prefix_misses_total",
+            "Acquires that matched nothing.",
+            s.prefix_misses,
+        ),
+        (
+            "mlxcel_cache_hit_tokens_total",
+            "Prompt tokens served from the cache.",
+            s.hit_tokens,
+        ),
+        (
+            "mlxcel_cache_miss_tokens_total",
+            "Prompt tokens of full blocks not found in the cache.",
+            s.miss_tokens,
+        ),
+        (
+            "mlxcel_cache_inserted_blocks_total",
+            "Blocks that entered the cache.",
+            s.inserted_blocks,
+        ),
+        (
+            "mlxcel_cache_expired_leases_total",
+            "Leases dropped by timeout.",
+            s.expired_leases,
+        ),
+        (
+            "mlxcel_cache_release_retries_total",
+            "Releases sent again after no acknowledgement.",
+            s.release_retries,
+        ),
+    ];
+    for (name, help, value) in counters {
+        out.counter(name, help, value);
+    }
     let e = s.evicted_blocks;
     out.labelled(
         "mlxcel_cache_evicted_blocks_total",
@@ -272,5 +287,5 @@ fn write_cache(out: &mut Exposition, stats: Option<CacheStats>) {
             ("release_timeout", r.release_timeout),
             ("invalid_block", r.invalid_block),
         ],
-    );
+    )
 }
