@@ -553,9 +553,12 @@ impl Engine {
     fn pool_full(&mut self, i: usize, e: EngineError) -> bool {
         match e {
             EngineError::PoolExhausted { .. }
-                if self.running.len() == 1 && self.cache_held.is_empty() =>
+                if self.running.len() == 1
+                    && self.cache_held.is_empty()
+                    && self.finishing.is_empty() =>
             {
-                // Alone and nothing to reclaim: this request can never fit.
+                // Alone, nothing to reclaim and no finished request's blocks about to come
+                // back (a donation the manager has not answered yet): this can never fit.
                 let s = self.running.remove(i);
                 self.fail(s, "the request needs more KV blocks than the pool has");
                 false
