@@ -126,4 +126,14 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn flags_match_the_configuration_table() {
+        use clap::CommandFactory;
+        let result = mlxcel_config::check::matches_command(
+            &Args::command(),
+            mlxcel_config::Section::Cachemgr,
+        );
+        assert_eq!(result, Ok(()));
+    }
 }

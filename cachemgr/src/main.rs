@@ -5,10 +5,19 @@ use std::process::ExitCode;
 use clap::Parser;
 use mlxcel_cachemgr::config::Args;
 use mlxcel_cachemgr::server;
+use mlxcel_config::Section;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // The configuration file reaches the flags through their environment variables.
+    let config_file = match mlxcel_config::apply_file_to_env(Section::Cachemgr) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("mlxcel-cachemgr: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let args = Args::parse();
     let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|e| {
         eprintln!(
@@ -21,6 +30,9 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    if let Some(path) = &config_file {
+        tracing::info!(file = %path.display(), "configuration file read");
+    }
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use mlxcel_config::Section;
 use mlxcel_daemon::cache_client::{CacheClient, CacheClientConfig};
 use mlxcel_daemon::engine::{self, Command, EngineConfig};
 use mlxcel_daemon::server::{self, Shared};
@@ -78,12 +79,23 @@ fn resolve_model(arg: &str) -> Result<PathBuf, String> {
 }
 
 fn main() -> ExitCode {
+    // The configuration file reaches the flags through their environment variables.
+    let config_file = match mlxcel_config::apply_file_to_env(Section::Daemon) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("mlxcel-daemon: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let args = Args::parse();
     let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    if let Some(path) = &config_file {
+        tracing::info!(file = %path.display(), "configuration file read");
+    }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -159,4 +171,17 @@ fn run(args: Args) -> Result<(), String> {
 async fn stop_on_signal(token: CancellationToken) {
     mlxcel_ipc::signals::terminate_or_interrupt().await;
     token.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_match_the_configuration_table() {
+        use clap::CommandFactory;
+        let result =
+            mlxcel_config::check::matches_command(&Args::command(), mlxcel_config::Section::Daemon);
+        assert_eq!(result, Ok(()));
+    }
 }

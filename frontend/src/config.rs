@@ -89,4 +89,14 @@ mod tests {
         assert!(args(&["--host", "::1"]).bind_addr().is_ok());
         assert!(args(&["--host", "nope"]).bind_addr().is_err());
     }
+
+    #[test]
+    fn flags_match_the_configuration_table() {
+        use clap::CommandFactory;
+        let result = mlxcel_config::check::matches_command(
+            &Args::command(),
+            mlxcel_config::Section::Frontend,
+        );
+        assert_eq!(result, Ok(()));
+    }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use mlxcel_config::Section;
 use mlxcel_frontend::cache_admin::CacheAdmin;
 use mlxcel_frontend::config::Args;
 use mlxcel_frontend::daemon_link::{DaemonLink, LinkConfig};
@@ -18,12 +19,23 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // The configuration file reaches the flags through their environment variables.
+    let config_file = match mlxcel_config::apply_file_to_env(Section::Frontend) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("mlxcel-frontend: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let args = Args::parse();
     let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    if let Some(path) = &config_file {
+        tracing::info!(file = %path.display(), "configuration file read");
+    }
     // Two workers: the front end is mostly waiting, and the daemon needs the cores.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

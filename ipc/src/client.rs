@@ -28,11 +28,22 @@ pub async fn connect(
     role: Role,
     limits: Limits,
 ) -> Result<Connection<LocalStream>, ClientError> {
+    connect_with_pid(path, role, limits)
+        .await
+        .map(|(conn, _)| conn)
+}
+
+/// Like [`connect`], also returning the server's process id (from its `Welcome`).
+pub async fn connect_with_pid(
+    path: &Path,
+    role: Role,
+    limits: Limits,
+) -> Result<(Connection<LocalStream>, u32), ClientError> {
     let stream = socket::connect(path).await?;
     let mut conn = Connection::new(stream, limits);
     conn.write_frame(&Hello::new(role)).await?;
     match conn.read_frame::<HelloReply>().await? {
-        Some(HelloReply::Welcome { .. }) => Ok(conn),
+        Some(HelloReply::Welcome { server_pid, .. }) => Ok((conn, server_pid)),
         Some(HelloReply::Refused { reason }) => Err(ClientError::Refused(reason)),
         None => Err(ClientError::Closed),
     }
@@ -42,14 +53,15 @@ pub async fn connect(
 #[derive(Debug)]
 pub struct AdminClient {
     conn: Connection<LocalStream>,
+    /// The cache manager's process id.
+    pub server_pid: u32,
 }
 
 impl AdminClient {
     /// Connects to the cache manager's socket at `path` as `role` (Admin or Frontend).
     pub async fn connect(path: &Path, role: Role) -> Result<Self, ClientError> {
-        Ok(Self {
-            conn: connect(path, role, Limits::default()).await?,
-        })
+        let (conn, server_pid) = connect_with_pid(path, role, Limits::default()).await?;
+        Ok(Self { conn, server_pid })
     }
 
     /// Sends one request and waits for its reply; an error reply becomes [`ClientError::Server`].
