@@ -14,11 +14,12 @@ setup:
 test-setup:
 	bash scripts/setup.sh --test
 
-## serve: build (release) and run the service in the foreground: the cache manager, the
-## daemon on the default model, and the HTTP front end on 127.0.0.1:8080.
+## serve: build (release) and run the service in the foreground under `mlxcelctl serve`: the
+## cache manager, the daemon on the default model, and the HTTP front end on 127.0.0.1:8080
+## (settings: ~/.config/mlxcel/config.toml, MLXCEL_* variables; SOCKET_DIR=... for the sockets).
 serve: setup
 	$(CARGO) build --release --workspace --bins
-	SOCKET_DIR=$(SOCKET_DIR) bash scripts/serve.sh
+	./target/release/mlxcelctl serve $(if $(SOCKET_DIR),--socket-dir $(SOCKET_DIR))
 
 ## test: formatting, lints (warnings are errors), then every test in the workspace.
 test: test-setup lint

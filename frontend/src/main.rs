@@ -32,6 +32,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal, not in log files or a supervisor's pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");
