@@ -218,6 +218,20 @@ pub const KEYS: &[Key] = &[
     ),
     key(
         Frontend,
+        "header-timeout",
+        "MLXCEL_HEADER_TIMEOUT",
+        Some("10s"),
+        Duration,
+    ),
+    key(
+        Frontend,
+        "body-timeout",
+        "MLXCEL_BODY_TIMEOUT",
+        Some("30s"),
+        Duration,
+    ),
+    key(
+        Frontend,
         "max-frame-bytes",
         "MLXCEL_DAEMON_MAX_FRAME_BYTES",
         Some("32MiB"),

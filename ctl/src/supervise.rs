@@ -68,7 +68,8 @@ struct Supervisor {
 }
 
 fn say(line: &str) {
-    eprintln!("[serve] {line}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "[serve] {line}");
 }
 
 fn index(p: Process) -> usize {
@@ -364,8 +365,11 @@ fn describe(status: &std::io::Result<ExitStatus>) -> String {
 
 /// Copies a child's output to our stderr, each line prefixed with its name.
 async fn forward(stream: impl AsyncRead + Unpin, name: &'static str) {
+    use std::io::Write;
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        eprintln!("[{name}] {line}");
+        // Never fails (eprintln! would panic on a full disk or a closed stderr, and the child
+        // would then block on its unread pipe).
+        let _ = writeln!(std::io::stderr(), "[{name}] {line}");
     }
 }

@@ -40,7 +40,14 @@ impl<T: RequestBody> FromRequest<AppState> for JsonBody<T> {
                 }
             )));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+        let read = Bytes::from_request(req, state);
+        let Ok(bytes) = tokio::time::timeout(state.body_timeout, read).await else {
+            return Err(ApiError::RequestTimeout(format!(
+                "the request body did not arrive within {:?}",
+                state.body_timeout
+            )));
+        };
+        let bytes = bytes.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::BodyTooLarge {
                     limit: state.max_body_bytes,

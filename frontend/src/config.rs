@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 use mlxcel_ipc::size::parse_size;
@@ -36,6 +37,14 @@ pub struct Args {
     /// Largest request body, e.g. 8MiB; larger ones get 413.
     #[arg(long, env = "MLXCEL_MAX_BODY_BYTES", default_value = "8MiB", value_parser = parse_size)]
     pub max_body_bytes: u64,
+
+    /// A request's headers must arrive within this long, or the connection is closed.
+    #[arg(long, env = "MLXCEL_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub header_timeout: Duration,
+
+    /// A request's body must arrive within this long, or it gets 408.
+    #[arg(long, env = "MLXCEL_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub body_timeout: Duration,
 
     /// Largest IPC frame from the daemon (its model info carries the tokenizer), at most 64MiB.
     #[arg(long, env = "MLXCEL_DAEMON_MAX_FRAME_BYTES", default_value = "32MiB", value_parser = parse_size)]

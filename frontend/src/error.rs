@@ -22,6 +22,9 @@ pub enum ApiError {
     InvalidJson(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// The client was too slow sending the body.
+    #[error("{0}")]
+    RequestTimeout(String),
     #[error("the request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
@@ -67,6 +70,7 @@ impl ApiError {
             ApiError::InvalidParam { .. } | ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::RouteNotFound { .. } => {
                 StatusCode::NOT_FOUND
@@ -85,6 +89,7 @@ impl ApiError {
             ApiError::InvalidJson(_) => "invalid_json",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::BodyTooLarge { .. } => "body_too_large",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::NotFound(_) | ApiError::RouteNotFound { .. } => "not_found",

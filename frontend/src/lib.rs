@@ -7,6 +7,7 @@
 //! answers the operations routes by asking the daemon and the cache manager.
 //!
 //! # Layout
+//! - [`http_server`]: the HTTP/1.1 accept loop with header timeouts and a graceful drain.
 //! - [`routes`]: the router, bearer-token check, request ids; one file per group of routes.
 //! - [`body`]: the JSON body extractor with OpenAI-shaped refusals.
 //! - [`openai`]: request and response types as OpenAI clients see them.
@@ -27,6 +28,7 @@ pub mod completion;
 pub mod config;
 pub mod daemon_link;
 pub mod error;
+pub mod http_server;
 pub mod metrics;
 pub mod openai;
 pub mod queue;

@@ -11,8 +11,8 @@ use mlxcel_frontend::config::Args;
 use mlxcel_frontend::daemon_link::{DaemonLink, LinkConfig};
 use mlxcel_frontend::metrics::Metrics;
 use mlxcel_frontend::queue::WaitQueue;
-use mlxcel_frontend::routes;
 use mlxcel_frontend::state::AppState;
+use mlxcel_frontend::{http_server, routes};
 use mlxcel_ipc::Limits;
 use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
 use tokio_util::sync::CancellationToken;
@@ -84,19 +84,18 @@ async fn run(args: Args) -> Result<(), String> {
         metrics: Arc::new(Metrics::default()),
         api_key: args.api_key.filter(|k| !k.is_empty()).map(Arc::from),
         max_body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
+        body_timeout: args.body_timeout,
     };
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, auth = state.api_key.is_some(), "front end listening");
     let app = routes::router(state);
     let stop = shutdown.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            mlxcel_ipc::signals::terminate_or_interrupt().await;
-            tracing::info!("stopping");
-            stop.cancel();
-        })
-        .await
-        .map_err(|e| format!("the HTTP server failed: {e}"))?;
+    tokio::spawn(async move {
+        mlxcel_ipc::signals::terminate_or_interrupt().await;
+        tracing::info!("stopping");
+        stop.cancel();
+    });
+    http_server::serve(listener, app, args.header_timeout, shutdown).await;
     tracing::info!("stopped");
     Ok(())
 }

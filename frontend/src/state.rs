@@ -17,4 +17,6 @@ pub struct AppState {
     /// The bearer token clients must send (None = no authentication).
     pub api_key: Option<Arc<str>>,
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive.
+    pub body_timeout: std::time::Duration,
 }

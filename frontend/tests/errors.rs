@@ -349,3 +349,45 @@ async fn requests_keep_working_without_the_cache_manager_and_fail_cleanly_withou
     let (s, r) = post(&chat, &body).await;
     assert_eq!(error_of(s, 503, &r)["code"], "service_unavailable");
 }
+
+/// Slowloris: headers that trickle in lose the connection; a body that trickles in gets 408.
+#[test]
+fn slow_headers_and_slow_bodies_are_cut_off() {
+    use std::io::{Read, Write};
+    let empty = tempfile::Builder::new()
+        .prefix("mxl")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let fe = start_frontend(
+        empty.path(),
+        &["--header-timeout", "1s", "--body-timeout", "1s"],
+    );
+    let host = fe.url.trim_start_matches("http://").to_string();
+
+    let mut s = std::net::TcpStream::connect(&host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        "closed after {waited:?}"
+    );
+
+    let mut s = std::net::TcpStream::connect(&host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\nConnection: close\r\n\r\n{\"messages\"",
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+}
