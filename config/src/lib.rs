@@ -18,11 +18,13 @@
 //!   that name the key).
 //! - [`resolve`]: effective values with their sources (`mlxcelctl config show`), and
 //!   [`resolve::apply_file_to_env`], which processes call at startup.
+//! - [`logging`]: the logger every process installs (stderr, `log-level`, never panics).
 //! - [`check`]: the test helper that keeps each process's flags equal to the table.
 
 pub mod check;
 pub mod file;
 pub mod keys;
+pub mod logging;
 pub mod resolve;
 
 pub use file::{ConfigError, ConfigFile};

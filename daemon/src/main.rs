@@ -14,7 +14,6 @@ use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
 use mlxcel_ipc::size::parse_size;
 use mlxcel_ipc::{Limits, socket};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 /// mlxcel-daemon: runs a model on MLX (Metal on macOS, CPU on Linux) and serves token-level
 /// generation requests on `<socket-dir>/daemon.sock`, keeping its KV cache in a paged pool whose
@@ -88,13 +87,7 @@ fn main() -> ExitCode {
         }
     };
     let args = Args::parse();
-    let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal, not in log files or a supervisor's pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    mlxcel_config::logging::init("mlxcel-daemon", &args.log_level);
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");
     }

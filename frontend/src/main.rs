@@ -16,7 +16,6 @@ use mlxcel_frontend::{http_server, routes};
 use mlxcel_ipc::Limits;
 use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     // The configuration file reaches the flags through their environment variables.
@@ -28,13 +27,7 @@ fn main() -> ExitCode {
         }
     };
     let args = Args::parse();
-    let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal, not in log files or a supervisor's pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    mlxcel_config::logging::init("mlxcel-frontend", &args.log_level);
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");
     }

@@ -22,13 +22,28 @@ pub fn request(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(u16, Value), String> {
+    request_with(port, method, path, body, &[])
+}
+
+/// Like [`request`], with extra headers.
+pub fn request_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> Result<(u16, Value), String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(120))).ok();
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        payload.len()
+         Content-Type: application/json\r\nContent-Length: {}\r\n{}\r\n",
+        payload.len(),
+        headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\r\n"))
+            .collect::<String>()
     );
     s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
     s.write_all(payload.as_bytes()).map_err(|e| e.to_string())?;

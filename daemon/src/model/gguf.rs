@@ -62,6 +62,8 @@ pub fn load(path: &Path) -> Result<GgufModel> {
     if !path.is_file() {
         return Err(err("no such file".into()));
     }
+    // MLX's reader trusts the file's lengths; damage must be caught before it reads.
+    super::gguf_check::check(path).map_err(|e| err(format!("not a readable GGUF file: {e}")))?;
     let file = GgufFile::load(path).map_err(|e| err(format!("not a readable GGUF file: {e}")))?;
     let meta = Meta {
         file: &file,

@@ -2,12 +2,14 @@
 //!
 //! - [`config`]: [`ModelConfig`], the architecture and geometry.
 //! - [`weights`]: named tensors and [`weights::Linear`] (dense or quantized).
-//! - [`gguf`]: loading a GGUF file (weights, configuration, tokenizer metadata).
+//! - [`gguf`]: loading a GGUF file (weights, configuration, tokenizer metadata);
+//!   [`gguf_check`]: its structure checked in Rust first (MLX's reader trusts the file).
 //! - [`safetensors`]: loading an MLX / Hugging Face directory.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
 pub mod config;
 pub mod gguf;
+pub mod gguf_check;
 pub mod llama;
 pub mod safetensors;
 pub mod weights;
