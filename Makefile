@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: setup test-setup serve test lint build bench bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: setup test-setup serve test lint build fuzz bench bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -53,3 +53,9 @@ goldens: setup
 
 clean:
 	$(CARGO) clean
+
+## fuzz: each cargo-fuzz target for FUZZ_SECONDS (nightly; installs cargo-fuzz if missing);
+## grows fuzz/corpus, which `make test` replays on stable.
+FUZZ_SECONDS ?= 60
+fuzz:
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)

@@ -21,6 +21,7 @@
 //! - [`metrics`]: counters, histograms and the Prometheus text format.
 //! - [`error`]: the one error type and its HTTP mapping.
 //! - [`config`]: command-line flags.
+//! - [`fuzzing`]: arbitrary bytes through the request parsers (for `fuzz/` and its replay).
 
 pub mod body;
 pub mod cache_admin;
@@ -28,6 +29,7 @@ pub mod completion;
 pub mod config;
 pub mod daemon_link;
 pub mod error;
+pub mod fuzzing;
 pub mod http_server;
 pub mod metrics;
 pub mod openai;

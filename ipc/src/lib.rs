@@ -19,11 +19,13 @@
 //! - [`socket`]: binding (stale-socket removal, 0600), connecting, and the peer uid check.
 //! - [`signals`]: SIGTERM / SIGINT as a future.
 //! - [`size`]: parsing and printing byte sizes (`512MiB`, `2GiB`).
+//! - [`fuzzing`]: arbitrary bytes through every decoder (for `fuzz/` and its corpus replay).
 
 pub mod block_hash;
 pub mod client;
 pub mod codec;
 pub mod connection;
+pub mod fuzzing;
 pub mod geometry;
 pub mod handshake;
 pub mod hello;

@@ -67,7 +67,8 @@ pub struct EvictBody {
 }
 
 impl EvictBody {
-    fn selector(&self) -> Result<EvictSelector, ApiError> {
+    /// The selector this body names (exactly one must be given).
+    pub fn selector(&self) -> Result<EvictSelector, ApiError> {
         let given = usize::from(self.entry.is_some())
             + usize::from(self.older_than.is_some())
             + usize::from(self.to_bytes.is_some())

@@ -15,6 +15,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+pub use cache::EvictBody;
+
 use crate::error::ApiError;
 use crate::state::AppState;
 

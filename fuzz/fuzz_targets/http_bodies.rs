@@ -1,0 +1,7 @@
+//! Arbitrary bytes as HTTP request bodies of every route, and as text for stop strings.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    mlxcel_frontend::fuzzing::request_bodies(data);
+    mlxcel_frontend::fuzzing::stop_strings(data);
+});
