@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: setup test-setup serve test lint build fuzz bench bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: setup test-setup serve test lint build fuzz bench bench-load bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -34,7 +34,7 @@ build: setup
 	$(CARGO) build --release --workspace --bins
 
 ## bench: measured figures (not tests).
-bench: bench-cachemgr bench-engine bench-serving
+bench: bench-cachemgr bench-engine bench-serving bench-load
 
 bench-cachemgr:
 	$(CARGO) bench -p mlxcel-cachemgr --bench roundtrip
@@ -59,3 +59,10 @@ clean:
 FUZZ_SECONDS ?= 60
 fuzz:
 	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+## bench-load: 64 streaming clients for LOAD_SECONDS (300) against the release stack: errors,
+## throughput, latency percentiles, peak memory per process, leaked blocks, drift.
+LOAD_SECONDS ?= 300
+bench-load: setup
+	$(CARGO) build --release --workspace --bins
+	LOAD_SECONDS=$(LOAD_SECONDS) $(CARGO) bench -p mlxcel-ctl --bench load
