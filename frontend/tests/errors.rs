@@ -59,6 +59,26 @@ async fn invalid_requests_get_400_naming_the_field_and_the_limit() {
             "top_p",
             "above 0",
         ),
+        (
+            json!({"messages": user("hi"), "temperature": -1}),
+            "temperature",
+            "at least 0",
+        ),
+        (
+            json!({"messages": user("hi"), "min_p": 1.5}),
+            "min_p",
+            "at most 1",
+        ),
+        (
+            json!({"messages": user("hi"), "top_k": -5}),
+            "top_k",
+            "positive",
+        ),
+        (
+            json!({"messages": user("hi"), "seed": "x"}),
+            "seed",
+            "invalid type",
+        ),
         (json!({"messages": user("hi"), "n": 2}), "n", "must be 1"),
         (
             json!({"messages": user("hi"), "max_tokens": 0}),
@@ -161,6 +181,9 @@ async fn malformed_bodies_routes_methods_models_and_sizes_get_their_statuses() {
     let (s, _, r) = post_raw(Some("application/json"), b"{\"messages\": [").await;
     assert_eq!(error_of(s, 400, &r)["code"], "invalid_json");
     let (s, _, r) = post_raw(Some("application/json"), b"\xff\xfe{}").await;
+    assert_eq!(error_of(s, 400, &r)["code"], "invalid_json");
+    let nan = br#"{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}"#;
+    let (s, _, r) = post_raw(Some("application/json"), nan).await;
     assert_eq!(error_of(s, 400, &r)["code"], "invalid_json");
     let (s, _, r) = post_raw(Some("application/json"), b"[1, 2]").await;
     assert_eq!(error_of(s, 400, &r)["code"], "invalid_json");
