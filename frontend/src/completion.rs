@@ -48,6 +48,8 @@ pub struct Completion {
     /// The final piece, held while a last text piece goes out.
     queued: Option<Piece>,
     ended: bool,
+    /// The prompt's length (for usage if the daemon's report is lost after a stop string).
+    prompt_tokens: u32,
     metrics: Arc<Metrics>,
     started: Instant,
     first_token: bool,
@@ -84,6 +86,7 @@ impl Completion {
             stopped: false,
             queued: None,
             ended: false,
+            prompt_tokens: u32::try_from(req.prompt.len()).unwrap_or(u32::MAX),
             metrics,
             started: Instant::now(),
             first_token: false,
@@ -129,6 +132,16 @@ impl Completion {
                         ErrorCode::ShuttingDown => ApiError::daemon_down(e.message),
                         _ => ApiError::Generation(e.message),
                     }));
+                }
+                Event::Lost(_) if self.stopped => {
+                    // Every token the client gets has arrived (a stop string matched); only
+                    // the daemon's usage report is lost: count the prompt ourselves.
+                    self.ended = true;
+                    let usage = mlxcel_ipc::proto::daemon::Usage {
+                        prompt_tokens: self.prompt_tokens,
+                        ..Default::default()
+                    };
+                    return Some(Ok(self.finish(FinishReason::Stop, &usage)));
                 }
                 Event::Lost(reason) => {
                     self.ended = true;
