@@ -4,22 +4,15 @@
 
 #[path = "support/http.rs"]
 mod http;
+#[path = "support/stack.rs"]
+mod stack;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-fn bin(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_mlxcelctl")).with_file_name(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --workspace --bins`",
-        path.display()
-    );
-    path
-}
+use stack::bin;
 
 fn write_config(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("config.toml");
