@@ -14,10 +14,12 @@
 //! - [`server`]: the daemon's socket for front ends.
 //! - [`sampler`]: greedy and sampled decoding with penalties and a seeded RNG.
 //! - [`generate`]: the generation loop for one sequence.
+//! - [`export`]: a GGUF model written as an MLX / Hugging Face directory (for peer servers).
 
 pub mod cache_client;
 pub mod device;
 pub mod engine;
+pub mod export;
 pub mod generate;
 pub mod kv;
 pub mod model;

@@ -54,6 +54,12 @@ struct Args {
     /// Log filter: error, warn, info, debug, trace, or a tracing directive list.
     #[arg(long, env = "MLXCEL_LOG", default_value = "info")]
     log_level: String,
+
+    /// Instead of serving: write the model (a .gguf file) as an MLX / Hugging Face directory
+    /// (float32 safetensors, config.json, tokenizer.json with the chat template) into DIR, for
+    /// serving the same weights and tokenizer with another MLX server, then exit.
+    #[arg(long, value_name = "DIR")]
+    export_mlx: Option<PathBuf>,
 }
 
 fn resolve_model(arg: &str) -> Result<PathBuf, String> {
@@ -103,6 +109,9 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<(), String> {
     let model = resolve_model(&args.model)?;
+    if let Some(dir) = &args.export_mlx {
+        return export(&model, dir);
+    }
     let kv_pool_bytes = match args.kv_pool_bytes.as_str() {
         "auto" => None,
         s => Some(parse_size(s).map_err(|e| format!("--kv-pool-bytes: {e}"))?),
@@ -160,6 +169,16 @@ fn run(args: Args) -> Result<(), String> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// `--export-mlx`: the GGUF model as a float32 MLX directory.
+fn export(model: &std::path::Path, dir: &std::path::Path) -> Result<(), String> {
+    let g = mlxcel_daemon::model::gguf::load(model).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let options = mlxcel_daemon::export::ExportOptions::default();
+    mlxcel_daemon::export::write_mlx_dir(&g, dir, &options).map_err(|e| e.to_string())?;
+    tracing::info!(dir = %dir.display(), "model written as an MLX directory");
+    Ok(())
 }
 
 /// Cancels `token` on SIGTERM or SIGINT.

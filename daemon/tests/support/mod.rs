@@ -4,13 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use mlx_rs::{Array, Dtype, ops};
+use mlx_rs::{Array, Dtype};
+use mlxcel_daemon::export::{ExportOptions, write_mlx_dir};
 use mlxcel_daemon::generate::{GenerateRequest, generate};
 use mlxcel_daemon::kv::{DenseKv, KvStore};
 use mlxcel_daemon::model::{Model, gguf};
 use mlxcel_daemon::sampler::SamplingParams;
-use mlxcel_daemon::tokenizer::TextInfo;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -63,14 +63,9 @@ pub fn greedy_with(
         .tokens
 }
 
-/// GGUF stores Q/K rows permuted for interleaved RoPE; undo it (llama.cpp's `permute`, inverted).
-/// With `heads = 1` on a head-sized vector it maps a per-head weight the same way.
+/// [`mlxcel_daemon::export::unpermute`], unwrapped for tests.
 pub fn unpermute(w: &Array, heads: i32) -> Array {
-    let (out, inp) = (w.shape()[0], if w.ndim() > 1 { w.shape()[1] } else { 1 });
-    w.reshape(&[heads, out / heads / 2, 2, inp])
-        .and_then(|x| x.swap_axes(1, 2))
-        .and_then(|x| x.reshape(w.shape()))
-        .unwrap()
+    mlxcel_daemon::export::unpermute(w, heads).unwrap()
 }
 
 /// What to write.
@@ -109,67 +104,9 @@ pub fn write_hf_dir(dir: &Path, opts: HfDir) {
     let c = &g.config;
     let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim);
     let arch = opts.arch.unwrap_or("llama");
-    let mut out: Vec<(String, Array)> = Vec::new();
-    let mut put = |name: String, w: Array, matrix: bool| match (opts.quantize, matrix) {
-        (Some((group, bits)), true) => {
-            let (q, s, b) = ops::quantize(&w, group, bits).unwrap();
-            out.push((format!("{name}.weight"), q));
-            out.push((format!("{name}.scales"), s));
-            out.push((format!("{name}.biases"), b));
-        }
-        _ => out.push((format!("{name}.weight"), w)),
-    };
-    let dense = |n: &str| g.weights.dense(n, Dtype::Float32).unwrap();
-    put("model.embed_tokens".into(), dense("token_embd"), true);
-    put("model.norm".into(), dense("output_norm"), false);
     let mut extras: Vec<(String, Array)> = Vec::new();
     for i in 0..c.layers {
-        let (b, h) = (format!("blk.{i}."), format!("model.layers.{i}."));
-        put(
-            format!("{h}input_layernorm"),
-            dense(&format!("{b}attn_norm")),
-            false,
-        );
-        put(
-            format!("{h}post_attention_layernorm"),
-            dense(&format!("{b}ffn_norm")),
-            false,
-        );
-        put(
-            format!("{h}self_attn.q_proj"),
-            unpermute(&dense(&format!("{b}attn_q")), heads),
-            true,
-        );
-        put(
-            format!("{h}self_attn.k_proj"),
-            unpermute(&dense(&format!("{b}attn_k")), kv_heads),
-            true,
-        );
-        put(
-            format!("{h}self_attn.v_proj"),
-            dense(&format!("{b}attn_v")),
-            true,
-        );
-        put(
-            format!("{h}self_attn.o_proj"),
-            dense(&format!("{b}attn_output")),
-            true,
-        );
-        put(
-            format!("{h}mlp.gate_proj"),
-            dense(&format!("{b}ffn_gate")),
-            true,
-        );
-        put(
-            format!("{h}mlp.up_proj"),
-            dense(&format!("{b}ffn_up")),
-            true,
-        );
-        put(
-            format!("{h}mlp.down_proj"),
-            dense(&format!("{b}ffn_down")),
-            true,
-        );
+        let h = format!("model.layers.{i}.");
         if arch == "qwen2" {
             extras.push((
                 format!("{h}self_attn.q_proj.bias"),
@@ -195,29 +132,13 @@ pub fn write_hf_dir(dir: &Path, opts: HfDir) {
             ));
         }
     }
-    out.extend(extras);
-    Array::save_safetensors(
-        out.iter().map(|(k, v)| (k.as_str(), v)),
-        None,
-        dir.join("model.safetensors"),
-    )
-    .unwrap();
-    let mut config = json!({
-        "model_type": arch, "hidden_size": c.hidden, "num_hidden_layers": c.layers,
-        "num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads, "head_dim": hd,
-        "intermediate_size": c.ffn, "vocab_size": c.vocab, "rope_theta": c.rope_theta,
-        "rms_norm_eps": c.rms_eps, "max_position_embeddings": c.context_length, "tie_word_embeddings": true,
-    });
-    if let Some((group_size, bits)) = opts.quantize {
-        config["quantization"] = json!({ "group_size": group_size, "bits": bits });
-    }
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let text = TextInfo::from_gguf(&g.vocab).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), text.tokenizer_json().unwrap()).unwrap();
-    let tk_config = json!({
-        "chat_template": text.chat_template, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
-    });
-    std::fs::write(dir.join("tokenizer_config.json"), tk_config.to_string()).unwrap();
+    let options = ExportOptions {
+        dtype: Dtype::Float32,
+        quantize: opts.quantize,
+        model_type: arch.to_string(),
+        extra: extras,
+    };
+    write_mlx_dir(&g, dir, &options).expect("export");
 }
 
 /// Writes the default model as a GGUF file with every tensor stored dense as `dtype` (F32 or
