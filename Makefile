@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: setup test-setup serve test lint build fuzz bench bench-load bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -34,7 +34,7 @@ build: setup
 	$(CARGO) build --release --workspace --bins
 
 ## bench: measured figures (not tests).
-bench: bench-cachemgr bench-engine bench-serving bench-load
+bench: bench-cachemgr bench-engine bench-serving bench-load bench-ipc bench-footprint bench-throughput
 
 bench-cachemgr:
 	$(CARGO) bench -p mlxcel-cachemgr --bench roundtrip
@@ -66,3 +66,27 @@ LOAD_SECONDS ?= 300
 bench-load: setup
 	$(CARGO) build --release --workspace --bins
 	LOAD_SECONDS=$(LOAD_SECONDS) $(CARGO) bench -p mlxcel-ctl --bench load
+
+# The peer and the charts: mlx + mlx-lm + matplotlib in .venv, and the default model exported as
+# a float32 MLX directory (models/SmolLM2-135M-Instruct-mlx) for mlx_lm.server.
+bench-setup: setup
+	bash scripts/setup.sh --bench
+	$(CARGO) build --release --workspace --bins
+	test -f models/SmolLM2-135M-Instruct-mlx/model.safetensors || \
+	  ./target/release/mlxcel-daemon --export-mlx models/SmolLM2-135M-Instruct-mlx
+
+## bench-footprint / bench-throughput: mlxcel vs mlx_lm.server, results (JSON, Markdown, PNG)
+## under bench/results/<time>/ (see bench/footprint.py and bench/throughput.py).
+RESULTS ?= bench/results/$(shell date -u +%Y%m%d-%H%M%S)
+bench-footprint: bench-setup
+	.venv/bin/python bench/footprint.py --out $(RESULTS)
+	.venv/bin/python bench/plot.py $(RESULTS)
+
+bench-throughput: bench-setup
+	.venv/bin/python bench/throughput.py --out $(RESULTS)
+	.venv/bin/python bench/plot.py $(RESULTS)
+
+## bench-ipc: the same request through the full stack and straight to the daemon socket.
+bench-ipc: setup
+	$(CARGO) build --release --workspace --bins
+	$(CARGO) bench -p mlxcel-frontend --bench ipc_overhead

