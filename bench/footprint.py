@@ -219,12 +219,19 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--out", default=os.path.join("bench", "results", time.strftime("%Y%m%d-%H%M%S")))
+    ap.add_argument("--merge", default="", help="instead of running: merge these footprint.json files (comma-separated) into --out and report")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     info = machine()
     results = []
-    for config in args.configs.split(","):
-        for scenario in args.scenarios.split(","):
+    if args.merge:
+        for path in args.merge.split(","):
+            results += json.load(open(path))["results"]
+        with open(os.path.join(args.out, "footprint.json"), "w") as f:
+            json.dump({"machine": info, "results": results}, f)
+        args.configs, args.scenarios = "", ""
+    for config in filter(None, args.configs.split(",")):
+        for scenario in filter(None, args.scenarios.split(",")):
             print(f"[footprint] {config} / {scenario} ...", flush=True)
             r = run_one(config, scenario)
             print(f"[footprint] {config} / {scenario}: {r['workload_seconds']} s, peak {r['peak_total'] / MIB:.0f} MiB, "
