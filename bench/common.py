@@ -118,7 +118,20 @@ def wait_for(what, check, timeout):
     raise RuntimeError(f"{what} within {timeout} s")
 
 
-class Mlxcel:
+class Server:
+    """A server process (`proc`) with its log and scratch directory."""
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Mlxcel(Server):
     """The mlxcel stack under `mlxcelctl serve`, with `env` on top of its defaults."""
 
     kind = "mlxcel"
@@ -160,17 +173,9 @@ class Mlxcel:
     def reconcile(self):
         return self.ctl("cache", "reconcile", "--json")
 
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class MlxLm:
+class MlxLm(Server):
     """`mlx_lm.server` on the same model exported as an MLX directory (float32), with OpenBLAS
     preloaded on Linux as mlxcel links it, and its prompt cache capped at `cache_bytes`."""
 
@@ -196,14 +201,6 @@ class MlxLm:
     def reconcile(self):
         return None
 
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def machine():
