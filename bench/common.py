@@ -174,7 +174,6 @@ class Mlxcel(Server):
         return self.ctl("cache", "reconcile", "--json")
 
 
-
 class MlxLm(Server):
     """`mlx_lm.server` on the same model exported as an MLX directory (float32), with OpenBLAS
     preloaded on Linux as mlxcel links it, and its prompt cache capped at `cache_bytes`."""
