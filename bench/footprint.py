@@ -226,8 +226,11 @@ def main():
     info = machine()
     results = []
     if args.merge:
-        for path in args.merge.split(","):
-            results += json.load(open(path))["results"]
+        merged = {}
+        for path in args.merge.split(","):  # a later file's row replaces an earlier one's
+            for r in json.load(open(path))["results"]:
+                merged[(r["config"], r["scenario"])] = r
+        results = list(merged.values())
         with open(os.path.join(args.out, "footprint.json"), "w") as f:
             json.dump({"machine": info, "results": results}, f)
         args.configs, args.scenarios = "", ""
