@@ -10,6 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 MIB = 1 << 20
+# One colour per configuration in every chart.
+COLOURS = {"mlxcel": "tab:blue", "mlxcel_small_cache": "tab:green", "mlxcel_cache_off": "tab:purple",
+           "mlx_lm": "tab:orange"}
 
 
 def footprint(folder):
@@ -23,7 +26,7 @@ def footprint(folder):
         for r in (r for r in results if r["scenario"] == scenario):
             xs = [s["t"] for s in r["samples"]]
             ys = [sum(v for v in (s["footprint"] or s["rss"]).values() if v) / MIB for s in r["samples"]]
-            ax.plot(xs, ys, label=r["config"])
+            ax.plot(xs, ys, label=r["config"], color=COLOURS.get(r["config"]))
         ax.set_title(scenario)
         ax.set_xlabel("seconds")
         ax.set_ylabel("resident MiB (all processes)")
@@ -43,7 +46,8 @@ def throughput(folder):
     width = 0.8 / len(peers)
     for i, peer in enumerate(peers):
         by = {(r["workload"], r["clients"]): r["aggregate_tok_s"] for r in rows if r["peer"] == peer}
-        ax.bar([k + i * width for k in range(len(keys))], [by.get(k, 0) for k in keys], width, label=peer)
+        ax.bar([k + i * width for k in range(len(keys))], [by.get(k, 0) for k in keys], width, label=peer,
+               color=COLOURS.get(peer))
     ax.set_xticks([k + width * (len(peers) - 1) / 2 for k in range(len(keys))])
     ax.set_xticklabels([f"{w}\nx{c}" for w, c in keys])
     ax.set_ylabel("aggregate tok/s")
