@@ -63,14 +63,11 @@ impl Completion {
         slot: QueueSlot,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ApiError> {
-        let mut stop_ids = session.model.stop_ids.clone();
-        stop_ids.sort_unstable();
-        stop_ids.dedup();
         let generation = session.generate(Generate {
             request_id: 0,
             prompt: req.prompt.clone(),
             max_tokens: req.max_tokens,
-            stop_ids,
+            stop_ids: session.model.stop_ids.clone(),
             sampling: req.sampling.clone(),
             logprobs: req.logprobs,
             cache_salt: None,

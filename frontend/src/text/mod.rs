@@ -19,7 +19,7 @@ pub struct ModelText {
     pub context_length: u32,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
-    /// Token ids that end a turn (the daemon stops on them).
+    /// Token ids that end a turn (the daemon stops on them), sorted, no repeats.
     pub stop_ids: Vec<u32>,
 }
 
@@ -41,11 +41,14 @@ impl ModelText {
             )?),
             None => None,
         };
+        let mut stop_ids = info.stop_ids.clone();
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
         Ok(Self {
             model_id: info.model_id.clone(),
             context_length: info.context_length,
             template,
-            stop_ids: info.stop_ids.clone(),
+            stop_ids,
             tokenizer,
         })
     }
