@@ -29,10 +29,10 @@ SETTLE_SECONDS = 5
 
 
 def system_prompt():
-    """~4.6k tokens (4,557 of them cached on a repeat) of deterministic, varied text: the shared
-    prefix (the seed used ~3.7k; this one is a little longer)."""
+    """The shared prefix, like the seed's ~3.7k-token system prompt: deterministic, varied text of
+    3,726 tokens in SmolLM2's tokenizer (140 rules of ~27 tokens)."""
     rules = [f"Rule {i}: in gallery {i % 17} the keeper of lens number {i * 7 % 101} logs the "
-             f"{['tide', 'wind', 'fog', 'lamp', 'oil'][i % 5]} every {i % 9 + 1} hours." for i in range(170)]
+             f"{['tide', 'wind', 'fog', 'lamp', 'oil'][i % 5]} every {i % 9 + 1} hours." for i in range(140)]
     return "You are the archivist of a lighthouse museum. House rules follow.\n" + "\n".join(rules)
 
 

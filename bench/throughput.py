@@ -1,6 +1,6 @@
 """Serving throughput and latency, mlxcel vs mlx_lm.server on the same model and dtype (float32),
 in one run: TTFT and aggregate decode tokens/s at 1, 4 and 8 concurrent streaming clients, with
-distinct prompts and with a shared ~4.6k-token prefix (after one warm-up request that caches
+distinct prompts and with a shared ~3.7k-token prefix (after one warm-up request that caches
 it). Results as ratios mlxcel / mlx_lm.
 
 Usage: python bench/throughput.py [--peers mlxcel,mlx_lm] [--clients 1,4,8] [--out DIR]

@@ -43,20 +43,23 @@ fn spawn(name: &str, args: &[&str]) -> Kill {
     )
 }
 
-fn http_chat(port: u16, body: &str) -> Duration {
+/// One chat request over HTTP: its latency, or the response when it was not a 200.
+fn http_chat(port: u16, body: &str) -> Result<Duration, String> {
     let started = Instant::now();
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     write!(
         s,
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
-    .expect("send");
+    .map_err(|e| e.to_string())?;
     let mut text = String::new();
-    s.read_to_string(&mut text).expect("read");
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    started.elapsed()
+    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    if !text.starts_with("HTTP/1.1 200") {
+        return Err(text);
+    }
+    Ok(started.elapsed())
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -115,56 +118,76 @@ async fn main() {
     let prompt = model
         .encode(&model.render_chat(&messages).unwrap(), false)
         .unwrap();
-    let body = r#"{"messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":16,"temperature":0,"stop":[]}"#;
+    let body = |max_tokens: u32| {
+        format!(
+            r#"{{"messages":[{{"role":"user","content":"What is the capital of France?"}}],"max_tokens":{max_tokens},"temperature":0,"stop":[]}}"#
+        )
+    };
     // Warm both paths (and let the front end reach the daemon).
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ok = std::panic::catch_unwind(|| http_chat(port, body)).is_ok();
-        if ok {
-            break;
-        }
+    while let Err(response) = http_chat(port, &body(1)) {
         assert!(
             Instant::now() < deadline,
-            "the front end never answered 200"
+            "the front end never answered 200: {response}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (mut via_http, mut direct) = (Vec::new(), Vec::new());
-    for i in 0..pairs {
-        via_http.push(http_chat(port, body).as_secs_f64() * 1e3);
-        let started = Instant::now();
-        let req = Generate {
-            request_id: i as u64 + 1,
-            prompt: prompt.clone(),
-            max_tokens: 16,
-            stop_ids: model.stop_ids.clone(),
-            sampling: Sampling::default(),
-            logprobs: false,
-            cache_salt: None,
-        };
-        conn.write_frame(&FrontendToDaemon::Generate(req))
-            .await
-            .unwrap();
-        loop {
-            match conn.read_frame::<DaemonToFrontend>().await.unwrap() {
-                Some(DaemonToFrontend::Done { .. }) => break,
-                Some(DaemonToFrontend::Failed { error, .. }) => panic!("{error}"),
-                Some(_) => {}
-                None => panic!("the daemon closed the connection"),
+    println!(
+        "ipc overhead: {pairs} alternating pairs of the same greedy chat request ({} prompt tokens, \
+         prefix cached after the first), through the full stack (HTTP -> mlxcel-frontend -> daemon \
+         socket) and straight to the daemon socket; 'difference' is the median of the per-pair \
+         differences (full stack - direct)",
+        prompt.len()
+    );
+    let mut request_id = 0;
+    for max_tokens in [1, 16] {
+        let (mut via_http, mut direct, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..pairs {
+            let latency =
+                http_chat(port, &body(max_tokens)).unwrap_or_else(|response| panic!("{response}"));
+            request_id += 1;
+            let started = Instant::now();
+            let req = Generate {
+                request_id,
+                prompt: prompt.clone(),
+                max_tokens,
+                stop_ids: model.stop_ids.clone(),
+                sampling: Sampling::default(),
+                logprobs: false,
+                cache_salt: None,
+            };
+            conn.write_frame(&FrontendToDaemon::Generate(req))
+                .await
+                .unwrap();
+            loop {
+                match conn.read_frame::<DaemonToFrontend>().await.unwrap() {
+                    Some(DaemonToFrontend::Done { .. }) => break,
+                    Some(DaemonToFrontend::Failed { error, .. }) => panic!("{error}"),
+                    Some(_) => {}
+                    None => panic!("the daemon closed the connection"),
+                }
             }
+            let (h, d) = (
+                latency.as_secs_f64() * 1e3,
+                started.elapsed().as_secs_f64() * 1e3,
+            );
+            via_http.push(h);
+            direct.push(d);
+            diffs.push(h - d);
         }
-        direct.push(started.elapsed().as_secs_f64() * 1e3);
+        let (h50, d50) = (percentile(&mut via_http, 0.5), percentile(&mut direct, 0.5));
+        let (h90, d90) = (percentile(&mut via_http, 0.9), percentile(&mut direct, 0.9));
+        let (x10, x50, x90) = (
+            percentile(&mut diffs, 0.1),
+            percentile(&mut diffs, 0.5),
+            percentile(&mut diffs, 0.9),
+        );
+        println!("max_tokens {max_tokens}:");
+        println!("  full stack:     p50 {h50:.1} ms  p90 {h90:.1} ms");
+        println!("  daemon socket:  p50 {d50:.1} ms  p90 {d90:.1} ms");
+        println!(
+            "  difference:     median {x50:.1} ms ({:.1}% of the direct p50), p10 {x10:.1} ms, p90 {x90:.1} ms",
+            x50 / d50 * 100.0
+        );
     }
-    let (h50, d50) = (percentile(&mut via_http, 0.5), percentile(&mut direct, 0.5));
-    let (h90, d90) = (percentile(&mut via_http, 0.9), percentile(&mut direct, 0.9));
-    println!(
-        "ipc overhead: {pairs} alternating pairs of the same greedy request (37 prompt tokens, up to 16 generated, prefix cached after the first)"
-    );
-    println!("full stack (HTTP -> frontend -> daemon): p50 {h50:.1} ms  p90 {h90:.1} ms");
-    println!("daemon socket directly:                   p50 {d50:.1} ms  p90 {d90:.1} ms");
-    println!(
-        "difference at p50: {:.1} ms ({:.1}% of the direct latency)",
-        h50 - d50,
-        (h50 - d50) / d50 * 100.0
-    );
 }
