@@ -64,7 +64,7 @@ impl Sampler {
     pub fn sample_logits(&mut self, logits: &mlx_rs::Array) -> crate::Result<Choice> {
         let row = logits
             .try_as_slice::<f32>()
-            .map_err(|e| crate::EngineError::Request(format!("logits: {e}")))?;
+            .map_err(|e| crate::EngineError::Internal(format!("logits: {e}")))?;
         Ok(self.sample(row))
     }
 

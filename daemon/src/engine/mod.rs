@@ -416,7 +416,8 @@ impl Engine {
                 if self.running.is_empty() && need > self.pool.shape().num_blocks {
                     // Can never fit: fail it rather than wait forever.
                     if let Some(s) = self.waiting.pop_front() {
-                        self.fail(s, "the prompt needs more KV blocks than the pool has");
+                        let message = "the prompt needs more KV blocks than the pool has";
+                        self.fail(s, WireError::new(ErrorCode::BadRequest, message));
                     }
                     continue;
                 }
@@ -466,15 +467,18 @@ impl Engine {
         }
         // Sample every ready sequence; those that go on need their new token computed.
         let mut next: Vec<(usize, u32)> = Vec::new();
-        let mut finished: Vec<(usize, FinishReason)> = Vec::new();
+        let mut finished: Vec<(usize, End)> = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
             if s.needs_prefill() || s.next_logits.is_none() {
                 continue;
             }
             match s.sample_next() {
                 Ok(Sampled::Next(token)) => next.push((i, token)),
-                Ok(Sampled::Finished(reason)) => finished.push((i, reason)),
-                Err(_) => finished.push((i, FinishReason::Length)),
+                Ok(Sampled::Finished(reason)) => finished.push((i, End::Finished(reason))),
+                Err(e) => {
+                    tracing::error!(request = s.id, error = %e, "sampling failed");
+                    finished.push((i, End::Failed(e)));
+                }
             }
         }
         // Room for one more token each (sequences are untouched until the batch runs).
@@ -515,7 +519,8 @@ impl Engine {
                 Err(e) => {
                     tracing::error!(error = %e, "batched decode step failed");
                     for &(i, _) in &batch {
-                        finished.push((i, FinishReason::Length));
+                        let e = EngineError::Internal(format!("the decode step failed: {e}"));
+                        finished.push((i, End::Failed(e)));
                     }
                 }
             }
@@ -524,7 +529,7 @@ impl Engine {
         // the ones that found no room.
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         finished.dedup_by_key(|f| f.0);
-        for (i, reason) in finished {
+        for (i, end) in finished {
             let s = self.running.remove(i);
             starved.retain(|&x| x != i);
             for x in starved.iter_mut() {
@@ -532,7 +537,10 @@ impl Engine {
                     *x -= 1;
                 }
             }
-            self.finish(s, reason);
+            match end {
+                End::Finished(reason) => self.finish(s, reason),
+                End::Failed(e) => self.fail(s, e.wire()),
+            }
         }
         starved.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
         for i in starved {
@@ -560,7 +568,8 @@ impl Engine {
                 // Alone, nothing to reclaim and no finished request's blocks about to come
                 // back (a donation the manager has not answered yet): this can never fit.
                 let s = self.running.remove(i);
-                self.fail(s, "the request needs more KV blocks than the pool has");
+                let message = "the request needs more KV blocks than the pool has";
+                self.fail(s, WireError::new(ErrorCode::BadRequest, message));
                 false
             }
             EngineError::PoolExhausted { .. } => {
@@ -577,8 +586,9 @@ impl Engine {
                 youngest != i
             }
             e => {
+                tracing::error!(request = self.running[i].id, error = %e, "prefill failed");
                 let s = self.running.remove(i);
-                self.fail(s, e.to_string());
+                self.fail(s, e.wire());
                 false
             }
         }
@@ -649,8 +659,7 @@ impl Engine {
     }
 
     /// Ends a request with an error and gives back what it held.
-    fn fail(&mut self, mut s: Sequence, message: impl Into<String>) {
-        let error = WireError::new(ErrorCode::BadRequest, message);
+    fn fail(&mut self, mut s: Sequence, error: WireError) {
         let _ = s.events.send(DaemonToFrontend::Failed {
             request_id: s.id,
             error,
@@ -724,4 +733,12 @@ impl Engine {
         }
         tracing::info!(free_blocks = self.pool.free_blocks(), "engine stopped");
     }
+}
+
+/// How a running sequence leaves the batch in a step.
+enum End {
+    /// It finished normally: its blocks are offered to the cache.
+    Finished(FinishReason),
+    /// It failed: the client gets the error and its blocks are freed.
+    Failed(EngineError),
 }

@@ -30,6 +30,8 @@ pub enum ErrorCode {
     NotFound,
     /// The server is shutting down.
     ShuttingDown,
+    /// The server failed for a reason of its own (not the request's); the message says which.
+    Internal,
 }
 
 impl ErrorCode {
@@ -43,6 +45,7 @@ impl ErrorCode {
             ErrorCode::BadGeometry => "bad_geometry",
             ErrorCode::NotFound => "not_found",
             ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Internal => "internal",
         }
     }
 }
