@@ -98,11 +98,24 @@ def phys_footprint_bytes(pid):
     if platform.system() != "Darwin" or not shutil.which("footprint"):
         return None
     out = subprocess.run(["footprint", "-p", str(pid)], capture_output=True, text=True)
-    for line in out.stdout.splitlines():
-        if "phys_footprint:" in line:
-            value, unit = line.split("phys_footprint:")[1].split()[:2]
-            scale = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}.get(unit, 1)
-            return int(float(value) * scale)
+    return parse_footprint(out.stdout)
+
+
+def parse_footprint(text):
+    """Bytes from `footprint` output: its `phys_footprint:` summary line, else the header's
+    `Footprint: N UNIT`; None when neither is there (the format is not documented)."""
+    units = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+    for key in ("phys_footprint:", "Footprint:"):
+        for line in text.splitlines():
+            if key not in line:
+                continue
+            words = line.split(key, 1)[1].split()
+            try:
+                value = float(words[0])
+            except (IndexError, ValueError):
+                continue
+            unit = words[1] if len(words) > 1 else "B"
+            return int(value * units.get(unit, 1))
     return None
 
 
