@@ -172,6 +172,8 @@ fn main() {
     );
     seq.free(&mut pool);
 
+    long_context_decode(m, &seed_ids);
+
     let bytes = m.weight_bytes_per_token() as f64;
     let bw = copy_gbs();
     let limit = bw * 1e9 / bytes;
@@ -180,4 +182,60 @@ fn main() {
         bytes / (1 << 20) as f64,
         decode_tps / limit
     );
+}
+
+/// Decode over a long context (the footprint benchmark's ~3.7k-token shared prefix): the dense
+/// store against the paged pool, and what gathering every layer's K/V out of the pool costs alone.
+fn long_context_decode(m: &mlxcel_daemon::model::Model, seed_ids: &[u32]) {
+    const CONTEXT: usize = 3_700;
+    const TOKENS: usize = 32;
+    let prompt: Vec<u32> = seed_ids.iter().copied().cycle().take(CONTEXT).collect();
+    let req = GenerateRequest {
+        prompt,
+        max_tokens: TOKENS,
+        stop_ids: vec![],
+        sampling: SamplingParams::default(),
+        prefill_chunk: 512,
+    };
+    let mut kv = DenseKv::new(m.config.layers);
+    let g = generate(m, &mut kv, &req, |_| true).expect("long decode");
+    let dense_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
+    println!(
+        "decode batch 1 after a {CONTEXT}-token prompt: {} tokens in {:.2} s = {dense_tps:.1} tok/s",
+        g.tokens.len(),
+        g.decode_time.as_secs_f64()
+    );
+    let shape = PoolShape {
+        layers: m.config.layers,
+        num_blocks: (CONTEXT + TOKENS).div_ceil(32) as u32 + 1,
+        block_tokens: 32,
+        kv_heads: m.config.kv_heads,
+        head_dim: m.config.head_dim,
+        dtype: m.placement.dtype,
+    };
+    let mut pool = BlockPool::new(shape).expect("pool");
+    let mut seq = PagedSeq::default();
+    let g = generate(m, &mut seq.store(&mut pool), &req, |_| true).expect("paged long decode");
+    let paged_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
+    println!(
+        "decode batch 1 after a {CONTEXT}-token prompt, paged pool: {paged_tps:.1} tok/s ({:.2}x the dense store)",
+        paged_tps / dense_tps
+    );
+    let reps = 5;
+    let t = Instant::now();
+    for _ in 0..reps {
+        let index = seq.gather_index(&pool, seq.len);
+        for layer in 0..m.config.layers {
+            let (k, v) = pool.read(layer, &index).expect("gather");
+            k.eval().and_then(|_| v.eval()).expect("eval");
+        }
+    }
+    let per_token = t.elapsed().as_secs_f64() / f64::from(reps);
+    println!(
+        "gathering {} tokens of K/V from the pool for all {} layers: {:.1} ms per decode step",
+        seq.len,
+        m.config.layers,
+        per_token * 1e3
+    );
+    seq.free(&mut pool);
 }

@@ -9,7 +9,7 @@ use mlx_rs::Array;
 
 use crate::Result;
 use crate::kv::{BatchKv, KvStore};
-use crate::pool::{BlockId, BlockPool};
+use crate::pool::{BlockId, BlockPool, GatherIndex};
 
 /// One sequence's blocks and length.
 #[derive(Debug, Default, Clone)]
@@ -59,9 +59,18 @@ impl PagedSeq {
         Array::from_slice(&rows, &[rows.len() as i32])
     }
 
+    /// The gather index of positions `0..len` (see [`GatherIndex`]).
+    pub fn gather_index(&self, pool: &BlockPool, len: usize) -> GatherIndex {
+        GatherIndex::new(&pool.shape(), &self.table, len)
+    }
+
     /// A [`KvStore`] over `pool` for one forward pass.
     pub fn store<'a>(&'a mut self, pool: &'a mut BlockPool) -> PagedStore<'a> {
-        PagedStore { seq: self, pool }
+        PagedStore {
+            seq: self,
+            pool,
+            index: None,
+        }
     }
 }
 
@@ -69,18 +78,26 @@ impl PagedSeq {
 pub struct PagedStore<'a> {
     seq: &'a mut PagedSeq,
     pool: &'a mut BlockPool,
+    /// The current pass's gather index, built by its first layer.
+    index: Option<GatherIndex>,
 }
 
 /// [`BatchKv`] over the pool for several sequences (one batched decode step).
 pub struct PagedBatch<'a> {
     seqs: Vec<&'a mut PagedSeq>,
     pool: &'a mut BlockPool,
+    /// Each sequence's gather index for this step, built by the first layer.
+    indexes: Vec<GatherIndex>,
 }
 
 impl<'a> PagedBatch<'a> {
     /// A batch of `seqs` over `pool`.
     pub fn new(seqs: Vec<&'a mut PagedSeq>, pool: &'a mut BlockPool) -> Self {
-        Self { seqs, pool }
+        Self {
+            seqs,
+            pool,
+            indexes: Vec::new(),
+        }
     }
 }
 
@@ -112,9 +129,16 @@ impl BatchKv for PagedBatch<'_> {
         let k = mlx_rs::ops::concatenate(&ks, 2)?;
         let v = mlx_rs::ops::concatenate(&vs, 2)?;
         self.pool.write(layer, &rows, &k, &v)?;
-        self.seqs
+        if self.indexes.is_empty() {
+            self.indexes = self
+                .seqs
+                .iter()
+                .map(|s| s.gather_index(self.pool, s.len + 1))
+                .collect();
+        }
+        self.indexes
             .iter()
-            .map(|s| self.pool.read(layer, &s.rows(bt, 0, s.len + 1)))
+            .map(|index| self.pool.read(layer, index))
             .collect()
     }
 
@@ -122,6 +146,7 @@ impl BatchKv for PagedBatch<'_> {
         for s in self.seqs.iter_mut() {
             s.len += 1;
         }
+        self.indexes.clear();
     }
 }
 
@@ -139,6 +164,7 @@ fn reserve_in(seq: &mut PagedSeq, pool: &mut BlockPool, tokens: usize) -> Result
 fn append_in(
     seq: &PagedSeq,
     pool: &mut BlockPool,
+    index: &mut Option<GatherIndex>,
     layer: usize,
     k: Array,
     v: Array,
@@ -152,7 +178,11 @@ fn append_in(
         )));
     }
     pool.write(layer, &seq.rows(bt, start, end), &k, &v)?;
-    pool.read(layer, &seq.rows(bt, 0, end))
+    let index = match index {
+        Some(index) if index.len() == end => index,
+        _ => index.insert(seq.gather_index(pool, end)),
+    };
+    pool.read(layer, index)
 }
 
 impl KvStore for PagedStore<'_> {
@@ -165,10 +195,11 @@ impl KvStore for PagedStore<'_> {
     }
 
     fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
-        append_in(self.seq, self.pool, layer, k, v)
+        append_in(self.seq, self.pool, &mut self.index, layer, k, v)
     }
 
     fn commit(&mut self, tokens: usize) {
         self.seq.len += tokens;
+        self.index = None;
     }
 }

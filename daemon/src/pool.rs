@@ -157,12 +157,56 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Reads `layer`'s rows `rows` as `[1, kv_heads, rows, head_dim]` keys and values.
-    pub fn read(&self, layer: usize, rows: &Array) -> Result<(Array, Array)> {
+    /// Reads `layer`'s keys and values at `index` (a [`GatherIndex`]) as `[1, kv_heads, len,
+    /// head_dim]` each, contiguous: one row copy per (head, position), no transpose left for
+    /// attention to copy again.
+    pub fn read(&self, layer: usize, index: &GatherIndex) -> Result<(Array, Array)> {
         let (pk, pv) = &self.layers[layer];
+        let (kvh, hd) = (self.shape.kv_heads as i32, self.shape.head_dim as i32);
         let gather = |p: &Array| -> Result<Array> {
-            Ok(p.take_axis(rows, 0)?.swap_axes(0, 1)?.expand_dims(0)?)
+            Ok(p.reshape(&[-1, hd])?.take_axis(&index.rows, 0)?.reshape(&[
+                1,
+                kvh,
+                index.len as i32,
+                hd,
+            ])?)
         };
         Ok((gather(pk)?, gather(pv)?))
+    }
+}
+
+/// Where a sequence's first `len` positions live in the pool, head-major: row `h * len + p` of
+/// the gather is head `h` of position `p`, read from a layer viewed as `[rows * kv_heads,
+/// head_dim]`. Every layer shares it, so it is built once per forward pass.
+pub struct GatherIndex {
+    rows: Array,
+    len: usize,
+}
+
+impl GatherIndex {
+    /// The index of positions `0..len` of a sequence whose block table is `table`.
+    pub fn new(shape: &PoolShape, table: &[BlockId], len: usize) -> GatherIndex {
+        let (bt, kvh) = (shape.block_tokens, shape.kv_heads);
+        let mut rows = Vec::with_capacity(kvh * len);
+        for h in 0..kvh {
+            rows.extend(
+                (0..len).map(|p| ((table[p / bt] as usize * bt + p % bt) * kvh + h) as i32),
+            );
+        }
+        let n = rows.len() as i32;
+        GatherIndex {
+            rows: Array::from_slice(&rows, &[n]),
+            len,
+        }
+    }
+
+    /// Positions covered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it covers no position.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
