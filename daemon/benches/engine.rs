@@ -137,7 +137,6 @@ fn main() {
         512.0 / best_prefill
     );
 
-    let mut kv = DenseKv::new(m.config.layers);
     let req = GenerateRequest {
         prompt: prompt[..32].to_vec(),
         max_tokens: 128,
@@ -145,31 +144,7 @@ fn main() {
         sampling: SamplingParams::default(),
         prefill_chunk: 512,
     };
-    let g = generate(m, &mut kv, &req, |_| true).expect("decode");
-    let decode_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
-    println!(
-        "decode batch 1: {} tokens in {:.2} s = {decode_tps:.1} tok/s",
-        g.tokens.len(),
-        g.decode_time.as_secs_f64()
-    );
-
-    // The same decode through the paged pool (32-token blocks): gathers K/V by block table.
-    let shape = PoolShape {
-        layers: m.config.layers,
-        num_blocks: 16,
-        block_tokens: 32,
-        kv_heads: m.config.kv_heads,
-        head_dim: m.config.head_dim,
-        dtype: m.placement.dtype,
-    };
-    let mut pool = BlockPool::new(shape).expect("pool");
-    let mut seq = PagedSeq::default();
-    let g = generate(m, &mut seq.store(&mut pool), &req, |_| true).expect("paged decode");
-    let paged_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
-    println!(
-        "decode batch 1, paged pool: {paged_tps:.1} tok/s ({:.2}x the dense store)",
-        paged_tps / decode_tps
-    );
+    let (decode_tps, mut pool, mut seq) = dense_then_paged(m, &req, "");
     seq.free(&mut pool);
 
     long_context_decode(m, &seed_ids);
@@ -197,30 +172,8 @@ fn long_context_decode(m: &mlxcel_daemon::model::Model, seed_ids: &[u32]) {
         sampling: SamplingParams::default(),
         prefill_chunk: 512,
     };
-    let mut kv = DenseKv::new(m.config.layers);
-    let g = generate(m, &mut kv, &req, |_| true).expect("long decode");
-    let dense_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
-    println!(
-        "decode batch 1 after a {CONTEXT}-token prompt: {} tokens in {:.2} s = {dense_tps:.1} tok/s",
-        g.tokens.len(),
-        g.decode_time.as_secs_f64()
-    );
-    let shape = PoolShape {
-        layers: m.config.layers,
-        num_blocks: (CONTEXT + TOKENS).div_ceil(32) as u32 + 1,
-        block_tokens: 32,
-        kv_heads: m.config.kv_heads,
-        head_dim: m.config.head_dim,
-        dtype: m.placement.dtype,
-    };
-    let mut pool = BlockPool::new(shape).expect("pool");
-    let mut seq = PagedSeq::default();
-    let g = generate(m, &mut seq.store(&mut pool), &req, |_| true).expect("paged long decode");
-    let paged_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
-    println!(
-        "decode batch 1 after a {CONTEXT}-token prompt, paged pool: {paged_tps:.1} tok/s ({:.2}x the dense store)",
-        paged_tps / dense_tps
-    );
+    let (_, mut pool, mut seq) =
+        dense_then_paged(m, &req, &format!(" after a {CONTEXT}-token prompt"));
     let reps = 5;
     let t = Instant::now();
     for _ in 0..reps {
@@ -238,4 +191,40 @@ fn long_context_decode(m: &mlxcel_daemon::model::Model, seed_ids: &[u32]) {
         per_token * 1e3
     );
     seq.free(&mut pool);
+}
+
+/// Decodes `req` with the dense store, then through a paged pool of 32-token blocks just large
+/// enough; prints both (`case` completes "decode batch 1") and returns the dense tok/s, the pool
+/// and the sequence, still holding its blocks.
+fn dense_then_paged(
+    m: &mlxcel_daemon::model::Model,
+    req: &GenerateRequest,
+    case: &str,
+) -> (f64, BlockPool, PagedSeq) {
+    let mut kv = DenseKv::new(m.config.layers);
+    let g = generate(m, &mut kv, req, |_| true).expect("decode");
+    let dense_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
+    println!(
+        "decode batch 1{case}: {} tokens in {:.2} s = {dense_tps:.1} tok/s",
+        g.tokens.len(),
+        g.decode_time.as_secs_f64()
+    );
+    // The same decode through the paged pool: gathers K/V by block table.
+    let shape = PoolShape {
+        layers: m.config.layers,
+        num_blocks: (req.prompt.len() + req.max_tokens).div_ceil(32) as u32 + 1,
+        block_tokens: 32,
+        kv_heads: m.config.kv_heads,
+        head_dim: m.config.head_dim,
+        dtype: m.placement.dtype,
+    };
+    let mut pool = BlockPool::new(shape).expect("pool");
+    let mut seq = PagedSeq::default();
+    let g = generate(m, &mut seq.store(&mut pool), req, |_| true).expect("paged decode");
+    let paged_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
+    println!(
+        "decode batch 1{case}, paged pool: {paged_tps:.1} tok/s ({:.2}x the dense store)",
+        paged_tps / dense_tps
+    );
+    (dense_tps, pool, seq)
 }
