@@ -55,7 +55,7 @@ pub enum EngineError {
     /// A request asked for something the model cannot do.
     #[error("{0}")]
     Request(String),
-    /// The engine broke an invariant of its own.
+    /// The engine failed for a reason of its own, not the request's.
     #[error("internal error: {0}")]
     Internal(String),
 }
