@@ -92,15 +92,9 @@ pub fn write_mlx_dir(g: &GgufModel, dir: &Path, opts: &ExportOptions) -> Result<
         put(format!("{h}mlp.down_proj"), layer("ffn_down")?, true)?;
     }
     out.extend(opts.extra.iter().cloned());
-    Array::save_safetensors(
-        out.iter().map(|(k, v)| (k.as_str(), v)),
-        None,
-        dir.join("model.safetensors"),
-    )
-    .map_err(|e| EngineError::Model {
-        path: dir.join("model.safetensors").display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let weights = dir.join("model.safetensors");
+    Array::save_safetensors(out.iter().map(|(k, v)| (k.as_str(), v)), None, &weights)
+        .map_err(|e| unwritable(&weights, e))?;
     let mut config = json!({
         "model_type": opts.model_type, "architectures": ["LlamaForCausalLM"],
         "hidden_size": c.hidden, "num_hidden_layers": c.layers,
@@ -126,10 +120,8 @@ pub fn write_mlx_dir(g: &GgufModel, dir: &Path, opts: &ExportOptions) -> Result<
         config["quantization"] = json!({ "group_size": group_size, "bits": bits });
     }
     let write = |name: &str, text: String| {
-        std::fs::write(dir.join(name), text).map_err(|e| EngineError::Model {
-            path: dir.join(name).display().to_string(),
-            reason: e.to_string(),
-        })
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| unwritable(&path, e))
     };
     write("config.json", config.to_string())?;
     write("tokenizer.json", text.tokenizer_json()?)?;
@@ -142,4 +134,12 @@ pub fn write_mlx_dir(g: &GgufModel, dir: &Path, opts: &ExportOptions) -> Result<
     });
     write("tokenizer_config.json", tk_config.to_string())?;
     Ok(())
+}
+
+/// The error for a file of the directory that could not be written.
+fn unwritable(path: &Path, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Model {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
 }
