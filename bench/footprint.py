@@ -101,13 +101,21 @@ SCENARIOS = {
     "distinct_burst": scenario_distinct_burst,
 }
 
+# configuration -> (server, prompt-cache capacity in bytes)
 CONFIGS = {
-    "mlxcel": lambda: Mlxcel("mlxcel", {"MLXCEL_CACHE_CAPACITY": str(CAPACITY)}),
-    "mlxcel_small_cache": lambda: Mlxcel("mlxcel_small_cache", {"MLXCEL_CACHE_CAPACITY": str(SMALL_CAPACITY)}),
-    "mlxcel_cache_off": lambda: Mlxcel("mlxcel_cache_off", {"MLXCEL_CACHE_CAPACITY": "0"}),
-    "mlx_lm": lambda: MlxLm("mlx_lm", CAPACITY),
+    "mlxcel": ("mlxcel", CAPACITY),
+    "mlxcel_small_cache": ("mlxcel", SMALL_CAPACITY),
+    "mlxcel_cache_off": ("mlxcel", 0),
+    "mlx_lm": ("mlx_lm", CAPACITY),
 }
-CAPACITIES = {"mlxcel": CAPACITY, "mlxcel_small_cache": SMALL_CAPACITY, "mlxcel_cache_off": 0, "mlx_lm": CAPACITY}
+
+
+def start(config):
+    """A fresh server for `config`."""
+    server, capacity = CONFIGS[config]
+    if server == "mlx_lm":
+        return MlxLm(config, capacity)
+    return Mlxcel(config, {"MLXCEL_CACHE_CAPACITY": str(capacity)})
 
 
 class Sampler(threading.Thread):
@@ -139,7 +147,7 @@ def total(sample):
 
 
 def run_one(config, scenario):
-    server = CONFIGS[config]()
+    server = start(config)
     sampler = Sampler(server)
     sampler.start()
     started = time.monotonic()
@@ -180,22 +188,27 @@ def checks(results):
                     f"ledger {rec.get('ledger_bytes')} B, inventory {rec.get('inventory_bytes')} B"))
         cache = [s["cache"] for s in r["samples"] if s.get("cache")]
         worst = max((c["used_bytes"] + c["releasing_bytes"] for c in cache), default=0)
-        cap = CAPACITIES[r["config"]]
+        cap = CONFIGS[r["config"]][1]
         out.append((f"{r['config']}/{r['scenario']}: cache bytes <= capacity at every sample",
                     bool(cache) and worst <= cap, f"max used+releasing {worst} B, capacity {cap} B, {len(cache)} samples"))
     for config in ("mlxcel", "mlxcel_small_cache", "mlx_lm"):
         idle, churn = by.get((config, "idle")), by.get((config, "churn"))
         if idle and churn:
-            limit = (idle["settle_total"] + CAPACITIES[config]) * 1.05
+            limit = (idle["settle_total"] + CONFIGS[config][1]) * 1.05
             out.append((f"{config}: churn settle <= idle + capacity + 5%", churn["settle_total"] <= limit,
                         f"churn settle {churn['settle_total'] / MIB:.0f} MiB, idle {idle['settle_total'] / MIB:.0f} MiB, "
                         f"limit {limit / MIB:.0f} MiB"))
-    small = [r for r in results if r["config"] == "mlxcel_small_cache" and r["scenario"] in ("churn", "distinct_burst", "shared_prefix_burst")]
-    for r in small:
+    for r in results:
+        if r["config"] != "mlxcel_small_cache" or r["scenario"] not in ("churn", "distinct_burst", "shared_prefix_burst"):
+            continue
+        name = f"mlxcel_small_cache/{r['scenario']}: capacity evictions or refusals rise"
         cache = [s["cache"] for s in r["samples"] if s.get("cache")]
-        rose = bool(cache) and (cache[-1]["evicted_capacity"] + cache[-1]["rejected_capacity"]) > (cache[0]["evicted_capacity"] + cache[0]["rejected_capacity"])
-        out.append((f"mlxcel_small_cache/{r['scenario']}: capacity evictions or refusals rise", rose,
-                    f"evicted {cache[-1]['evicted_capacity'] if cache else '?'} blocks, refused {cache[-1]['rejected_capacity'] if cache else '?'}"))
+        if not cache:
+            out.append((name, False, "no cache-manager samples"))
+            continue
+        first, last = cache[0], cache[-1]
+        rose = last["evicted_capacity"] + last["rejected_capacity"] > first["evicted_capacity"] + first["rejected_capacity"]
+        out.append((name, rose, f"evicted {last['evicted_capacity']} blocks, refused {last['rejected_capacity']}"))
     return out
 
 
@@ -220,20 +233,10 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--out", default=os.path.join("bench", "results", time.strftime("%Y%m%d-%H%M%S")))
-    ap.add_argument("--merge", default="", help="instead of running: merge these footprint.json files (comma-separated) into --out and report")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     info = machine()
     results = []
-    if args.merge:
-        merged = {}
-        for path in args.merge.split(","):  # a later file's row replaces an earlier one's
-            for r in json.load(open(path))["results"]:
-                merged[(r["config"], r["scenario"])] = r
-        results = list(merged.values())
-        with open(os.path.join(args.out, "footprint.json"), "w") as f:
-            json.dump({"machine": info, "results": results}, f)
-        args.configs, args.scenarios = "", ""
     for config in filter(None, args.configs.split(",")):
         for scenario in filter(None, args.scenarios.split(",")):
             print(f"[footprint] {config} / {scenario} ...", flush=True)

@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from footprint import total  # noqa: E402
+
 MIB = 1 << 20
 # One colour per configuration in every chart.
 COLOURS = {"mlxcel": "tab:blue", "mlxcel_small_cache": "tab:green", "mlxcel_cache_off": "tab:purple",
@@ -25,7 +27,7 @@ def footprint(folder):
     for ax, scenario in zip(axes[:, 0], scenarios):
         for r in (r for r in results if r["scenario"] == scenario):
             xs = [s["t"] for s in r["samples"]]
-            ys = [sum(v for v in (s["footprint"] or s["rss"]).values() if v) / MIB for s in r["samples"]]
+            ys = [total(s) / MIB for s in r["samples"]]
             ax.plot(xs, ys, label=r["config"], color=COLOURS.get(r["config"]))
         ax.set_title(scenario)
         ax.set_xlabel("seconds")

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from common import MlxLm, Mlxcel, machine, stream_chat
-from footprint import document, system_prompt
+from footprint import CAPACITY, document, system_prompt
 
 MAX_TOKENS = 64
 ROUNDS = 2
@@ -49,7 +49,7 @@ def run_level(port, kind, clients):
 
 
 def run_peer(peer, levels):
-    server = Mlxcel("mlxcel", {}) if peer == "mlxcel" else MlxLm("mlx_lm", 2 << 30)
+    server = Mlxcel("mlxcel", {}) if peer == "mlxcel" else MlxLm("mlx_lm", CAPACITY)
     try:
         out = []
         for kind in ("distinct", "shared_prefix"):
