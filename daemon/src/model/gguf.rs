@@ -169,6 +169,17 @@ impl Meta<'_> {
 
     /// A numeric scalar of any width, as f64 (exact for the integers GGUF metadata holds).
     fn number(&self, key: &str) -> Result<Option<f64>> {
+        let Some(values) = self.numbers(key)? else {
+            return Ok(None);
+        };
+        match values.as_slice() {
+            [v] => Ok(Some(*v)),
+            _ => Err(self.err(key, "expected a single number")),
+        }
+    }
+
+    /// A numeric array (or scalar) of any width, read on the host in its stored dtype.
+    fn numbers(&self, key: &str) -> Result<Option<Vec<f64>>> {
         let Some(a) = self
             .file
             .get_metadata_array(key)
@@ -176,24 +187,41 @@ impl Meta<'_> {
         else {
             return Ok(None);
         };
-        if a.size() != 1 {
-            return Err(self.err(key, "expected a single number"));
-        }
-        a.try_item_cast::<f64>()
-            .map(Some)
-            .map_err(|e| self.err(key, e))
+        host_numbers(&a).map(Some).map_err(|e| self.err(key, e))
     }
 
     fn ints(&self, key: &str) -> Result<Option<Vec<i32>>> {
-        let Some(a) = self
-            .file
-            .get_metadata_array(key)
-            .map_err(|e| self.err(key, e))?
-        else {
-            return Ok(None);
-        };
-        a.to_vec_cast::<i32>()
-            .map(Some)
-            .map_err(|e| self.err(key, e))
+        Ok(self
+            .numbers(key)?
+            .map(|v| v.into_iter().map(|x| x as i32).collect()))
+    }
+}
+
+/// The values of a metadata array, copied in the dtype the file stores them in and widened on
+/// the host. No MLX operation runs: a cast would be an op on the default device, and neither
+/// Metal nor CUDA has float64 (`"float64 is not supported on the GPU"`), so a cast to f64 there
+/// stopped every GPU from loading a GGUF model.
+fn host_numbers(a: &mlx_rs::Array) -> std::result::Result<Vec<f64>, String> {
+    use mlx_rs::Dtype;
+    fn widen<T: mlx_rs::ArrayElement + Copy>(
+        a: &mlx_rs::Array,
+        f: impl Fn(T) -> f64,
+    ) -> std::result::Result<Vec<f64>, String> {
+        let values = a.try_as_slice::<T>().map_err(|e| e.to_string())?;
+        Ok(values.iter().map(|&v| f(v)).collect())
+    }
+    match a.dtype() {
+        Dtype::Bool => widen::<bool>(a, |v| f64::from(u8::from(v))),
+        Dtype::Uint8 => widen::<u8>(a, f64::from),
+        Dtype::Uint16 => widen::<u16>(a, f64::from),
+        Dtype::Uint32 => widen::<u32>(a, f64::from),
+        Dtype::Uint64 => widen::<u64>(a, |v| v as f64),
+        Dtype::Int8 => widen::<i8>(a, f64::from),
+        Dtype::Int16 => widen::<i16>(a, f64::from),
+        Dtype::Int32 => widen::<i32>(a, f64::from),
+        Dtype::Int64 => widen::<i64>(a, |v| v as f64),
+        Dtype::Float32 => widen::<f32>(a, f64::from),
+        Dtype::Float64 => widen::<f64>(a, |v| v),
+        other => Err(format!("unsupported metadata dtype {other:?}")),
     }
 }

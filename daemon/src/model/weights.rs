@@ -112,16 +112,12 @@ impl Weights {
             }
             None => w.clone(),
         };
-        Ok(out.as_dtype(dtype)?)
+        cast(&out, dtype)
     }
 
     /// An optional 1-D tensor (norm weights, biases), cast to `dtype`.
     pub fn vector(&self, name: &str, dtype: Dtype) -> Result<Option<Array>> {
-        self.tensors
-            .get(name)
-            .map(|a| a.as_dtype(dtype))
-            .transpose()
-            .map_err(EngineError::from)
+        self.tensors.get(name).map(|a| cast(a, dtype)).transpose()
     }
 
     /// A linear layer `name` (with `name.bias` if present), placed as `placement` wants.
@@ -136,8 +132,8 @@ impl Weights {
                 .ok_or_else(|| self.missing(name))?;
             return Ok(Linear::Quantized {
                 w: w.clone(),
-                scales: scales.as_dtype(placement.dtype)?,
-                biases: biases.as_dtype(placement.dtype)?,
+                scales: cast(scales, placement.dtype)?,
+                biases: cast(biases, placement.dtype)?,
                 group_size: self.group_size,
                 bits,
                 bias,
@@ -184,4 +180,15 @@ impl Weights {
         }
         Ok(Some((scales, biases, bits)))
     }
+}
+
+/// `a` as `dtype`. A float64 source (a safetensors file may hold one) is cast on the CPU: GPUs
+/// (Metal, CUDA) have no float64, so that cast cannot run on the default device there.
+fn cast(a: &Array, dtype: Dtype) -> Result<Array> {
+    if a.dtype() == Dtype::Float64 {
+        return Ok(mlx_rs::with_device(mlx_rs::Device::cpu(), || {
+            a.as_dtype(dtype)
+        })?);
+    }
+    Ok(a.as_dtype(dtype)?)
 }
