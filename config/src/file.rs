@@ -151,6 +151,7 @@ fn entry(
     let text = match value {
         toml::Value::String(s) => s.clone(),
         toml::Value::Integer(i) if !matches!(key.kind, Kind::Text | Kind::Secret) => i.to_string(),
+        toml::Value::Float(f) if key.kind == Kind::Number => f.to_string(),
         other => return Err(bad(format!("{} `{other}`", other.type_str()))),
     };
     if !is_valid(key.kind, &text) {
@@ -175,6 +176,8 @@ pub fn is_valid(kind: Kind, text: &str) -> bool {
         }
         Kind::Count => t.parse::<u64>().is_ok_and(|n| n >= 1),
         Kind::Port => t.parse::<u16>().is_ok_and(|n| n >= 1),
+        Kind::Number => t.parse::<f64>().is_ok_and(f64::is_finite),
+        Kind::Whole => t.parse::<u64>().is_ok(),
         Kind::Text | Kind::Secret => true,
     }
 }

@@ -56,6 +56,10 @@ pub enum Kind {
     Count,
     /// A TCP port.
     Port,
+    /// A finite decimal number (`0.7`, `1`).
+    Number,
+    /// A whole number ≥ 0.
+    Whole,
     /// Free text.
     Text,
     /// Free text never printed (`config show` says whether it is set).
@@ -72,6 +76,8 @@ impl Kind {
             Kind::DurationOrOff => "a duration such as 30s, 10m or 2h, or \"off\"",
             Kind::Count => "a whole number of at least 1",
             Kind::Port => "a TCP port (1-65535)",
+            Kind::Number => "a number such as 0.7",
+            Kind::Whole => "a whole number (0 or more)",
             Kind::Text | Kind::Secret => "a string",
         }
     }
@@ -204,6 +210,37 @@ pub const KEYS: &[Key] = &[
         "MLXCEL_DAEMON_MAX_FRAME_BYTES",
         Some("32MiB"),
         Size,
+    ),
+    // Sampling for parameters a request omits, when the model's generation_config.json does
+    // not set them (unset: the server's defaults).
+    key(
+        Daemon,
+        "default-temperature",
+        "MLXCEL_DEFAULT_TEMPERATURE",
+        None,
+        Number,
+    ),
+    key(
+        Daemon,
+        "default-top-p",
+        "MLXCEL_DEFAULT_TOP_P",
+        None,
+        Number,
+    ),
+    key(Daemon, "default-top-k", "MLXCEL_DEFAULT_TOP_K", None, Whole),
+    key(
+        Daemon,
+        "default-min-p",
+        "MLXCEL_DEFAULT_MIN_P",
+        None,
+        Number,
+    ),
+    key(
+        Daemon,
+        "default-repetition-penalty",
+        "MLXCEL_DEFAULT_REPETITION_PENALTY",
+        None,
+        Number,
     ),
     key(Frontend, "host", "MLXCEL_HOST", Some("127.0.0.1"), Text),
     key(Frontend, "port", "MLXCEL_PORT", Some("8080"), Port),

@@ -13,6 +13,7 @@
 //!   special tokens and context length.
 //! - [`server`]: the daemon's socket for front ends.
 //! - [`sampler`]: greedy and sampled decoding with penalties and a seeded RNG.
+//! - [`sampling_defaults`]: what a request gets for the sampling parameters it omits.
 //! - [`generate`]: the generation loop for one sequence.
 //! - [`export`]: a GGUF model written as an MLX / Hugging Face directory (for peer servers).
 
@@ -26,6 +27,7 @@ pub mod model;
 pub mod paged;
 pub mod pool;
 pub mod sampler;
+pub mod sampling_defaults;
 pub mod server;
 pub mod tokenizer;
 

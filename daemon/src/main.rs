@@ -9,6 +9,7 @@ use clap::Parser;
 use mlxcel_config::Section;
 use mlxcel_daemon::cache_client::{CacheClient, CacheClientConfig};
 use mlxcel_daemon::engine::{self, Command, EngineConfig};
+use mlxcel_daemon::sampling_defaults::OperatorDefaults;
 use mlxcel_daemon::server::{self, Shared};
 use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
 use mlxcel_ipc::size::parse_size;
@@ -50,6 +51,31 @@ struct Args {
     /// Largest IPC frame (the model info frame carries the tokenizer), at most 64MiB.
     #[arg(long, env = "MLXCEL_DAEMON_MAX_FRAME_BYTES", default_value = "32MiB", value_parser = parse_size)]
     max_frame_bytes: u64,
+
+    /// Temperature for requests that omit it, when the model's generation_config.json does not
+    /// set one (default: 1, OpenAI's). Request values always win; 0 = greedy.
+    #[arg(long, env = "MLXCEL_DEFAULT_TEMPERATURE", value_name = "T")]
+    default_temperature: Option<f64>,
+
+    /// top_p for requests that omit it, when the model's generation_config.json does not set it
+    /// (default: 1 = off).
+    #[arg(long, env = "MLXCEL_DEFAULT_TOP_P", value_name = "P")]
+    default_top_p: Option<f64>,
+
+    /// top_k for requests that omit it, when the model's generation_config.json does not set it
+    /// (default: 0 = off).
+    #[arg(long, env = "MLXCEL_DEFAULT_TOP_K", value_name = "K")]
+    default_top_k: Option<u32>,
+
+    /// min_p for requests that omit it, when the model's generation_config.json does not set it
+    /// (default: 0 = off).
+    #[arg(long, env = "MLXCEL_DEFAULT_MIN_P", value_name = "P")]
+    default_min_p: Option<f64>,
+
+    /// repetition_penalty for requests that omit it, when the model's generation_config.json
+    /// does not set it (default: 1 = off).
+    #[arg(long, env = "MLXCEL_DEFAULT_REPETITION_PENALTY", value_name = "X")]
+    default_repetition_penalty: Option<f64>,
 
     /// Log filter: error, warn, info, debug, trace, or a tracing directive list.
     #[arg(long, env = "MLXCEL_LOG", default_value = "info")]
@@ -126,6 +152,13 @@ fn run(args: Args) -> Result<(), String> {
         kv_pool_bytes,
         prefill_chunk: args.prefill_chunk.max(1),
         max_running: args.max_batch_size.max(1),
+        sampling: OperatorDefaults {
+            temperature: args.default_temperature,
+            top_p: args.default_top_p,
+            top_k: args.default_top_k,
+            min_p: args.default_min_p,
+            repetition_penalty: args.default_repetition_penalty,
+        },
     };
     tracing::info!(model = %config.model.display(), "loading the model");
     let (engine_tx, started, engine_thread) =

@@ -9,7 +9,6 @@ mod manager;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use manager::Manager;
@@ -20,18 +19,11 @@ use mlxcel_ipc::proto::daemon::{
 };
 use mlxcel_ipc::socket::LocalStream;
 use mlxcel_ipc::{Connection, Limits, Role};
+use support::process::Daemon;
 use support::{fixtures, ids, root};
 
 /// f32 SmolLM2 block: 2 x 30 layers x 3 kv heads x 64 x 4 bytes x 32 tokens.
 const BLOCK_BYTES: u64 = 1_474_560;
-
-struct Daemon(Child);
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn manager_bin() -> PathBuf {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_mlxcel-daemon"));
@@ -45,30 +37,13 @@ fn manager_bin() -> PathBuf {
 }
 
 fn start_daemon(dir: &Path, pool_blocks: u64) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_mlxcel-daemon"))
-        .arg("--socket-dir")
-        .arg(dir)
-        .arg("--model")
-        .arg(root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-        .args([
-            "--kv-pool-bytes",
-            &(pool_blocks * BLOCK_BYTES).to_string(),
-            "--log-level",
-            "warn",
-        ])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start mlxcel-daemon");
-    let socket = dir.join("daemon.sock");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not listen within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Daemon(child)
+    let pool = (pool_blocks * BLOCK_BYTES).to_string();
+    let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    Daemon::start(
+        dir,
+        &model,
+        &["--kv-pool-bytes", &pool, "--log-level", "warn"],
+    )
 }
 
 async fn frontend(dir: &Path) -> Connection<LocalStream> {

@@ -1,7 +1,7 @@
 //! OpenAI requests → [`ValidRequest`], the only type that crosses to the daemon. Every refusal
 //! names the field and the limit it broke.
 
-use mlxcel_ipc::proto::daemon::Sampling;
+use mlxcel_ipc::proto::daemon::{Sampling, limits};
 
 use crate::error::ApiError;
 use crate::openai::request::{
@@ -261,11 +261,18 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
         }
         Some((_, m)) => m,
     };
+    let d = &model.sampling_defaults;
     let sampling = Sampling {
-        temperature: range(p.temperature, "temperature", 0.0, 2.0, 1.0)?,
-        top_p: range(p.top_p, "top_p", f64::MIN_POSITIVE, 1.0, 1.0)?,
+        temperature: range(
+            p.temperature,
+            "temperature",
+            limits::TEMPERATURE,
+            d.temperature,
+        )?,
+        top_p: range(p.top_p, "top_p", limits::TOP_P, d.top_p)?,
         top_k: match p.top_k {
-            None | Some(-1) => 0,
+            None => d.top_k,
+            Some(-1) => 0,
             Some(k) if (0..=i64::from(u32::MAX)).contains(&k) => k as u32,
             Some(k) => {
                 return Err(ApiError::param(
@@ -274,11 +281,21 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
                 ));
             }
         },
-        min_p: range(p.min_p, "min_p", 0.0, 1.0, 0.0)?,
+        min_p: range(p.min_p, "min_p", limits::MIN_P, d.min_p)?,
         seed: p.seed.map(|s| s as u64),
-        repetition_penalty: range(p.repetition_penalty, "repetition_penalty", 0.01, 10.0, 1.0)?,
-        presence_penalty: range(p.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?,
-        frequency_penalty: range(p.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?,
+        repetition_penalty: range(
+            p.repetition_penalty,
+            "repetition_penalty",
+            limits::REPETITION_PENALTY,
+            d.repetition_penalty,
+        )?,
+        presence_penalty: range(p.presence_penalty, "presence_penalty", limits::PENALTY, 0.0)?,
+        frequency_penalty: range(
+            p.frequency_penalty,
+            "frequency_penalty",
+            limits::PENALTY,
+            0.0,
+        )?,
     };
     let stops = match &p.stop {
         None => Vec::new(),
@@ -319,21 +336,15 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
     })
 }
 
-/// `value` (or `default`) if within `[lo, hi]`; a 400 naming `field` otherwise.
-fn range(value: Option<f64>, field: &str, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
+/// `value` (or `default`) if within `range`; a 400 naming `field` otherwise.
+fn range(
+    value: Option<f64>,
+    field: &str,
+    range: (f64, f64),
+    default: f32,
+) -> Result<f32, ApiError> {
     match value {
-        None => Ok(default as f32),
-        Some(v) if v.is_finite() && v >= lo && v <= hi => Ok(v as f32),
-        Some(v) => {
-            let lo_text = if lo == f64::MIN_POSITIVE {
-                "above 0".to_string()
-            } else {
-                format!("at least {lo}")
-            };
-            Err(ApiError::param(
-                field,
-                format!("must be {lo_text} and at most {hi}, got {v}"),
-            ))
-        }
+        None => Ok(default),
+        Some(v) => limits::check(v, range).map_err(|e| ApiError::param(field, e)),
     }
 }

@@ -45,6 +45,8 @@ pub struct EngineConfig {
     pub kv_pool_bytes: Option<u64>,
     pub prefill_chunk: usize,
     pub max_running: usize,
+    /// The operator's sampling defaults (the model's own settings come first).
+    pub sampling: crate::sampling_defaults::OperatorDefaults,
 }
 
 /// The prefix the cache manager leased to a request.
@@ -165,6 +167,9 @@ fn pool_blocks(config: &EngineConfig, block_bytes: u64) -> u32 {
 
 impl Engine {
     fn load(config: &EngineConfig) -> Result<(Engine, Started)> {
+        // Checked before the weights load, so a bad setting fails at once.
+        let defaults = crate::sampling_defaults::resolve(&config.model, &config.sampling)?;
+        tracing::info!("sampling defaults: {}", defaults.describe());
         let loaded = crate::load(&config.model)?;
         let c = &loaded.model.config;
         let dtype = loaded.model.placement.dtype;
@@ -213,6 +218,7 @@ impl Engine {
             stop_ids: loaded.text.stop_ids.clone(),
             geometry: geometry.clone(),
             pool: PoolStats::default(),
+            sampling_defaults: defaults.values,
         };
         let engine = Engine {
             loaded,

@@ -2,6 +2,8 @@
 //! directory (optionally quantized, optionally as a Qwen2 / Qwen3 variant).
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::path::{Path, PathBuf};
 
 use mlx_rs::{Array, Dtype};

@@ -206,4 +206,6 @@ pub struct ModelCard {
     pub created: u64,
     pub owned_by: &'static str,
     pub context_length: u32,
+    /// What a request gets for the sampling parameters it omits.
+    pub sampling_defaults: mlxcel_ipc::proto::daemon::SamplingDefaults,
 }

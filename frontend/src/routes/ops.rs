@@ -29,6 +29,7 @@ pub async fn models(State(app): State<AppState>) -> Result<Json<ModelList>, ApiE
             created: now_secs(),
             owned_by: "mlxcel",
             context_length: session.model.context_length,
+            sampling_defaults: session.model.sampling_defaults,
         }],
     }))
 }

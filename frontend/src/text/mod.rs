@@ -8,7 +8,7 @@ pub mod template;
 
 use std::str::FromStr;
 
-use mlxcel_ipc::proto::daemon::ModelInfo;
+use mlxcel_ipc::proto::daemon::{ModelInfo, SamplingDefaults};
 use tokenizers::Tokenizer;
 
 use template::{ChatTemplate, TemplateMessage};
@@ -21,6 +21,8 @@ pub struct ModelText {
     pub template: Option<ChatTemplate>,
     /// Token ids that end a turn (the daemon stops on them), sorted, no repeats.
     pub stop_ids: Vec<u32>,
+    /// Sampling for parameters a request omits (the model's own, as the daemon resolved them).
+    pub sampling_defaults: SamplingDefaults,
 }
 
 impl ModelText {
@@ -50,6 +52,7 @@ impl ModelText {
             template,
             stop_ids,
             tokenizer,
+            sampling_defaults: info.sampling_defaults,
         })
     }
 

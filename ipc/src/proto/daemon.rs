@@ -44,6 +44,55 @@ impl Default for Sampling {
     }
 }
 
+/// The accepted range of each sampling parameter, inclusive, for requests and defaults alike.
+pub mod limits {
+    pub const TEMPERATURE: (f64, f64) = (0.0, 2.0);
+    /// Above 0.
+    pub const TOP_P: (f64, f64) = (f64::MIN_POSITIVE, 1.0);
+    pub const MIN_P: (f64, f64) = (0.0, 1.0);
+    pub const REPETITION_PENALTY: (f64, f64) = (0.01, 10.0);
+    pub const PENALTY: (f64, f64) = (-2.0, 2.0);
+
+    /// `value` if it is finite and within `range`, else what a person should be told.
+    pub fn check(value: f64, (lo, hi): (f64, f64)) -> Result<f32, String> {
+        if value.is_finite() && value >= lo && value <= hi {
+            return Ok(value as f32);
+        }
+        let low = if lo == f64::MIN_POSITIVE {
+            "above 0".to_string()
+        } else {
+            format!("at least {lo}")
+        };
+        Err(format!("must be {low} and at most {hi}, got {value}"))
+    }
+}
+
+/// What a request gets for each sampling parameter it omits: the model's own setting (its
+/// `generation_config.json`), else the operator's (`--default-temperature`, ...), else the
+/// server's ([`SamplingDefaults::default`], OpenAI's values). The daemon resolves them at
+/// startup; the front end applies them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SamplingDefaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+}
+
+impl Default for SamplingDefaults {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+        }
+    }
+}
+
 /// One generation request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Generate {
@@ -121,6 +170,8 @@ pub struct ModelInfo {
     pub stop_ids: Vec<TokenId>,
     pub geometry: Geometry,
     pub pool: PoolStats,
+    /// Sampling for parameters a request omits.
+    pub sampling_defaults: SamplingDefaults,
 }
 
 /// The daemon's state, for `/health` and `mlxcelctl status`.

@@ -1,0 +1,57 @@
+//! The real `mlxcel-daemon` process for end-to-end tests.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+/// A running daemon, killed when dropped.
+pub struct Daemon(pub Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn command(dir: &Path, model: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mlxcel-daemon"));
+    c.arg("--socket-dir")
+        .arg(dir)
+        .arg("--model")
+        .arg(model)
+        .args(args)
+        // No configuration file but the test's own (none).
+        .env("XDG_CONFIG_HOME", dir)
+        .env_remove("MLXCEL_CONFIG")
+        .stdin(Stdio::null());
+    c
+}
+
+impl Daemon {
+    /// Starts the daemon on `model` with `args` and waits until its socket answers (the model
+    /// loaded). Panics with its exit status if it stops first.
+    pub fn start(dir: &Path, model: &Path, args: &[&str]) -> Daemon {
+        let child = command(dir, model, args)
+            .spawn()
+            .expect("start mlxcel-daemon");
+        let mut d = Daemon(child);
+        let socket = dir.join("daemon.sock");
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if let Ok(Some(status)) = d.0.try_wait() {
+                panic!("mlxcel-daemon stopped before listening: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+}
+
+/// Runs the daemon on `model` expecting it to stop by itself (a startup error); its output.
+pub fn run_to_exit(dir: &Path, model: &Path, args: &[&str]) -> Output {
+    command(dir, model, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run mlxcel-daemon")
+}
