@@ -35,8 +35,9 @@ pub struct Args {
     #[arg(long, env = "MLXCEL_CACHE_IDLE_TTL", default_value = "off", value_parser = parse_optional_duration, value_name = "DURATION")]
     pub idle_ttl: Toggle,
 
-    /// Unpin a lease after this long even if the daemon never ends it.
-    #[arg(long, env = "MLXCEL_CACHE_LEASE_TIMEOUT", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    /// Unpin a lease after this long even if the daemon never ends it (a daemon ends each lease
+    /// as soon as it has mapped the blocks, within milliseconds).
+    #[arg(long, env = "MLXCEL_CACHE_LEASE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_timeout: Duration,
 
     /// Resend a release the daemon has not acknowledged after this long.

@@ -27,7 +27,7 @@ impl Default for Policy {
             capacity_bytes: 2 << 30,
             max_blocks: None,
             idle_ttl: None,
-            lease_timeout: Duration::from_secs(600),
+            lease_timeout: Duration::from_secs(30),
             release_timeout: Duration::from_secs(5),
             reconcile_interval: Some(Duration::from_secs(30)),
         }

@@ -144,7 +144,7 @@ pub const KEYS: &[Key] = &[
         Cachemgr,
         "lease-timeout",
         "MLXCEL_CACHE_LEASE_TIMEOUT",
-        Some("10m"),
+        Some("30s"),
         Duration,
     ),
     key(
@@ -210,6 +210,20 @@ pub const KEYS: &[Key] = &[
         "MLXCEL_DAEMON_MAX_FRAME_BYTES",
         Some("32MiB"),
         Size,
+    ),
+    key(
+        Daemon,
+        "acquire-timeout",
+        "MLXCEL_ACQUIRE_TIMEOUT",
+        Some("50ms"),
+        Duration,
+    ),
+    key(
+        Daemon,
+        "donation-timeout",
+        "MLXCEL_DONATION_TIMEOUT",
+        Some("5s"),
+        Duration,
     ),
     // Sampling for parameters a request omits, when the model's generation_config.json does
     // not set them (unset: the server's defaults).

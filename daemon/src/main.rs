@@ -52,6 +52,16 @@ struct Args {
     #[arg(long, env = "MLXCEL_DAEMON_MAX_FRAME_BYTES", default_value = "32MiB", value_parser = parse_size)]
     max_frame_bytes: u64,
 
+    /// How long a request waits for the cache manager's answer to its prefix lookup, from its
+    /// arrival; past it the request runs without reuse (the manager never delays service).
+    #[arg(long, env = "MLXCEL_ACQUIRE_TIMEOUT", default_value = "50ms", value_parser = parse_duration, value_name = "DURATION")]
+    acquire_timeout: Duration,
+
+    /// How long a finished request's donation may go unanswered before the cache manager is
+    /// treated as gone (its blocks come back to the pool; the daemon reconnects).
+    #[arg(long, env = "MLXCEL_DONATION_TIMEOUT", default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    donation_timeout: Duration,
+
     /// Temperature for requests that omit it, when the model's generation_config.json does not
     /// set one (default: 1, OpenAI's). Request values always win; 0 = greedy.
     #[arg(long, env = "MLXCEL_DEFAULT_TEMPERATURE", value_name = "T")]
@@ -86,6 +96,11 @@ struct Args {
     /// serving the same weights and tokenizer with another MLX server, then exit.
     #[arg(long, value_name = "DIR")]
     export_mlx: Option<PathBuf>,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration such as 50ms, 5s or 2m: {e}"))
 }
 
 fn resolve_model(arg: &str) -> Result<PathBuf, String> {
@@ -176,6 +191,7 @@ fn run(args: Args) -> Result<(), String> {
                 geometry: started.geometry.clone(),
                 max_backoff: Duration::from_secs(2),
                 request_timeout: Duration::from_secs(5),
+                donation_timeout: args.donation_timeout,
             },
             orders_tx,
         );
@@ -192,7 +208,7 @@ fn run(args: Args) -> Result<(), String> {
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));
         let limits = Limits::new(usize::try_from(args.max_frame_bytes).unwrap_or(usize::MAX));
-        let shared = Shared { engine: engine_tx.clone(), info: Arc::new(started.info), cache, limits, block_tokens: config.block_tokens, vitals: started.vitals.clone() };
+        let shared = Shared { engine: engine_tx.clone(), info: Arc::new(started.info), cache, limits, block_tokens: config.block_tokens, acquire_timeout: args.acquire_timeout, vitals: started.vitals.clone() };
         server::serve(listener, shared, shutdown).await;
         let _ = engine_tx.send(Command::Shutdown);
         let joined = tokio::task::spawn_blocking(move || engine_thread.join());

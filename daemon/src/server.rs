@@ -1,16 +1,20 @@
 //! The daemon's socket: front ends (and operators) connect, send token-level requests and get
-//! streamed tokens back. Each connection has a reader loop and a writer task fed by the engine's
-//! events, so the engine never waits on a socket.
+//! streamed tokens back. Socket I/O only: each connection has a reader loop and a writer task fed
+//! by the engine's events, so the engine never waits on a socket, and the reader never waits on
+//! anything but the socket. A request goes to the engine at once; its cached prefix is asked of
+//! the cache manager by a task of its own, within a deadline from the request's arrival, so a
+//! slow or hung manager costs each request at most that budget, concurrently, and `Health`,
+//! `Cancel` and `Info` are answered whatever the engine or the manager is doing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mlxcel_ipc::proto::daemon::{DaemonHealth, DaemonToFrontend, FrontendToDaemon, ModelInfo};
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 use mlxcel_ipc::socket::{LocalListener, LocalStream};
-use mlxcel_ipc::{FrameError, HashSeed, Limits, Role, handshake};
+use mlxcel_ipc::{BlockHash, FrameError, HashSeed, Limits, Role, handshake};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,6 +30,8 @@ pub struct Shared {
     pub cache: CacheClient,
     pub limits: Limits,
     pub block_tokens: usize,
+    /// How long a request's acquire may take, from its arrival, before it runs without reuse.
+    pub acquire_timeout: Duration,
     /// The engine's latest counts (health is answered from here, without waiting on it).
     pub vitals: Vitals,
 }
@@ -96,15 +102,21 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
         };
         match msg {
             FrontendToDaemon::Generate(req) => {
-                let prefix = acquire(shared, &req.prompt, req.cache_salt.as_deref()).await;
+                let arrived = Instant::now();
+                let hashes = prefix_hashes(shared, &req.prompt, req.cache_salt.as_deref());
+                let request_id = req.request_id;
                 let cmd = Command::Submit {
                     conn,
                     req,
-                    prefix,
+                    acquiring: !hashes.is_empty(),
                     events: events.clone(),
                 };
                 if shared.engine.send(cmd).is_err() {
                     break;
+                }
+                if !hashes.is_empty() {
+                    let deadline = arrived + shared.acquire_timeout;
+                    tokio::spawn(acquire(shared.clone(), conn, request_id, hashes, deadline));
                 }
             }
             FrontendToDaemon::Cancel { request_id } => {
@@ -122,6 +134,7 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                     running: v.running,
                     waiting: v.waiting,
                     preemptions: v.preemptions,
+                    refused_block_ids: v.refused_block_ids,
                     pool: v.pool,
                 }));
             }
@@ -133,18 +146,42 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
     let _ = writer_task.await;
 }
 
-/// The cached prefix of a prompt, leased from the cache manager (empty when it is away).
-async fn acquire(shared: &Shared, prompt: &[u32], salt: Option<&str>) -> Prefix {
+/// The full-block hashes of a prompt to ask the cache for (none while no manager is registered).
+fn prefix_hashes(shared: &Shared, prompt: &[u32], salt: Option<&str>) -> Vec<BlockHash> {
     if shared.cache.epoch().is_none() {
-        return Prefix::default();
+        return Vec::new();
     }
     let seed = HashSeed::new(&shared.info.model_id, salt);
-    let hashes = mlxcel_ipc::block_hash::block_hashes(&seed, prompt, shared.block_tokens);
-    if hashes.is_empty() {
-        return Prefix::default();
+    mlxcel_ipc::block_hash::block_hashes(&seed, prompt, shared.block_tokens)
+}
+
+/// Leases the cached prefix of a submitted request, giving up at `deadline` (a late reply is
+/// unleased by the cache client), and hands it to the engine.
+async fn acquire(
+    shared: Shared,
+    conn: u64,
+    request_id: u64,
+    hashes: Vec<BlockHash>,
+    deadline: Instant,
+) {
+    let got = shared.cache.acquire_by(deadline, hashes.clone()).await;
+    if got.is_none() && Instant::now() >= deadline {
+        tracing::debug!(
+            request = request_id,
+            "the cache manager did not answer in time; no reuse"
+        );
     }
-    match shared.cache.acquire(hashes).await {
-        Some((lease, blocks)) => Prefix { lease, blocks },
+    let prefix = match got {
+        Some((lease, blocks)) => Prefix {
+            lease,
+            blocks,
+            hashes,
+        },
         None => Prefix::default(),
-    }
+    };
+    let _ = shared.engine.send(Command::Prefix {
+        conn,
+        request_id,
+        prefix,
+    });
 }

@@ -123,6 +123,7 @@ fn client(socket: PathBuf, orders: mpsc::UnboundedSender<ManagerOrder>) -> Cache
         geometry: geometry(),
         max_backoff: Duration::from_millis(200),
         request_timeout: Duration::from_secs(10),
+        donation_timeout: Duration::from_secs(60),
     };
     CacheClient::spawn(config, orders)
 }

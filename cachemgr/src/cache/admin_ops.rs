@@ -52,6 +52,7 @@ impl Cache {
                 registered_ms_ago: ms(now - d.registered_at),
             }),
             drift_bytes: r.drift_blocks * bb,
+            rejected_inventories: r.rejected_reports,
             last_reconcile_ms_ago: r.last_at.map(|t| ms(now - t)),
             daemon_pool_bytes_measured: r.pool_bytes_measured,
             pool_bytes_expected: self

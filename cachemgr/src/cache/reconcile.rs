@@ -23,6 +23,8 @@ pub(super) struct State {
     pub(super) drift_blocks: u64,
     pub(super) pool_bytes_measured: Option<u64>,
     pub(super) free_blocks: Option<u64>,
+    /// Inventory reports refused as impossible for the registered pool.
+    pub(super) rejected_reports: u64,
 }
 
 #[derive(Debug)]
@@ -90,6 +92,12 @@ impl Cache {
             .take()
             .map(|o| o.expected)
             .unwrap_or_default();
+        if let Err(why) = plausible(&report, daemon.geometry.pool_blocks) {
+            // A report no pool of this geometry could give: nothing in it is acted on.
+            tracing::error!(%why, "the daemon's inventory report is impossible; refused");
+            self.reconcile.rejected_reports += 1;
+            return None;
+        }
         if report.epoch != daemon.epoch {
             tracing::warn!(
                 daemon = report.epoch.0,
@@ -208,9 +216,36 @@ fn sorted_difference(a: &[BlockId], b: &[BlockId]) -> (Vec<BlockId>, Vec<BlockId
     (only_a, only_b)
 }
 
+/// Whether an inventory report fits the registered pool of `pool_blocks` blocks: the same pool
+/// size, at most that many free blocks, and cache blocks that are distinct ids inside the pool.
+fn plausible(report: &InventoryReport, pool_blocks: u32) -> Result<(), String> {
+    if report.pool_blocks != pool_blocks {
+        return Err(format!(
+            "a pool of {} blocks, registered with {pool_blocks}",
+            report.pool_blocks
+        ));
+    }
+    if report.free_blocks > pool_blocks {
+        return Err(format!(
+            "{} free blocks of {pool_blocks}",
+            report.free_blocks
+        ));
+    }
+    if let Some(b) = report.cache_blocks.iter().find(|&&b| b >= pool_blocks) {
+        return Err(format!("cache block {b} outside a pool of {pool_blocks}"));
+    }
+    let mut ids = report.cache_blocks.clone();
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err("a cache block listed twice".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::sorted_difference;
+    use super::{InventoryReport, plausible, sorted_difference};
+    use mlxcel_ipc::proto::cache::Epoch;
 
     #[test]
     fn difference_of_sorted_sets() {
@@ -219,5 +254,23 @@ mod tests {
             (vec![1, 4], vec![3, 9])
         );
         assert_eq!(sorted_difference(&[], &[5]), (vec![], vec![5]));
+    }
+
+    #[test]
+    fn an_inventory_no_pool_of_the_geometry_could_give_is_refused() {
+        let report = |pool_blocks, free_blocks, cache_blocks: &[u32]| InventoryReport {
+            epoch: Epoch(1),
+            cache_blocks: cache_blocks.to_vec(),
+            pool_blocks,
+            free_blocks,
+            pool_bytes_measured: 0,
+            engine_active_bytes: 0,
+        };
+        assert_eq!(plausible(&report(64, 60, &[0, 3, 63]), 64), Ok(()));
+        let e = |r: InventoryReport| plausible(&r, 64).unwrap_err();
+        assert!(e(report(65, 0, &[])).contains("registered with 64"));
+        assert!(e(report(64, 65, &[])).contains("65 free blocks"));
+        assert!(e(report(64, 0, &[64])).contains("cache block 64 outside"));
+        assert!(e(report(64, 0, &[5, 1, 5])).contains("twice"));
     }
 }

@@ -42,6 +42,9 @@ impl Served {
         let mut all: Vec<(String, String)> = vec![
             ("MLXCEL_PORT".into(), port.to_string()),
             ("MLXCEL_KV_POOL_BYTES".into(), "256MiB".into()),
+            // Tests that count cached tokens must not depend on a 50 ms budget on a busy
+            // machine; the hung-manager test sets the default back.
+            ("MLXCEL_ACQUIRE_TIMEOUT".into(), "30s".into()),
             ("MLXCEL_LOG".into(), "info".into()),
             // No configuration file but the test's (there is none in this directory).
             (

@@ -4,7 +4,6 @@ use std::time::Instant;
 
 use mlx_rs::Array;
 use mlxcel_ipc::BlockHash;
-use mlxcel_ipc::proto::cache::LeaseId;
 use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, RequestId, Usage};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -29,7 +28,8 @@ pub struct Sequence {
     pub prompt: Vec<u32>,
     pub generated: Vec<u32>,
     pub kv: PagedSeq,
-    pub lease: Option<LeaseId>,
+    /// Its cached prefix is still being asked of the cache manager (not admissible yet).
+    pub awaiting_prefix: bool,
     pub cached_tokens: usize,
     pub sampler: Sampler,
     pub max_tokens: usize,

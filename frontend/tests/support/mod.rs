@@ -143,7 +143,15 @@ impl Stack {
         let model = model.to_string_lossy().into_owned();
         let daemon = Process::spawn(
             "mlxcel-daemon",
-            &["--model", &model, "--kv-pool-bytes", &pool],
+            // Tests that count cached tokens must not depend on a 50 ms budget on a busy machine.
+            &[
+                "--model",
+                &model,
+                "--kv-pool-bytes",
+                &pool,
+                "--acquire-timeout",
+                "30s",
+            ],
             dir.path(),
         );
         let args: Vec<&str> = opts.frontend_args.iter().map(String::as_str).collect();

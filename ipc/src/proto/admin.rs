@@ -175,6 +175,8 @@ pub struct CacheStats {
     pub daemon_free_blocks: Option<u64>,
     /// Releases sent again because the daemon had not acknowledged them in time.
     pub release_retries: u64,
+    /// Inventory reports refused because no pool of the registered geometry could give them.
+    pub rejected_inventories: u64,
 }
 
 /// One cached prefix chain (a leaf of the block tree and its ancestors).

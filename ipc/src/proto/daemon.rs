@@ -183,6 +183,9 @@ pub struct DaemonHealth {
     pub waiting: u32,
     /// Sequences preempted (freed and recomputed later) because the pool was full.
     pub preemptions: u64,
+    /// Block ids from the cache manager the daemon refused to use (not held for the cache under
+    /// the hash claimed, out of range, never offered): each one a lie or a bug of the manager.
+    pub refused_block_ids: u64,
     pub pool: PoolStats,
 }
 
