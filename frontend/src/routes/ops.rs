@@ -54,6 +54,7 @@ pub async fn health(State(app): State<AppState>) -> Response {
             "cachemgr_connected": h.cachemgr_connected,
             "running": h.running,
             "waiting": h.waiting,
+            "refused_block_ids": h.refused_block_ids,
             "pool": h.pool,
         }),
         Err(e) => json!({"status": "down", "error": e}),
@@ -168,6 +169,11 @@ fn write_daemon(out: &mut Exposition, health: Option<DaemonHealth>) {
         "mlxcel_preemptions_total",
         "Sequences preempted because the pool was full.",
         h.preemptions,
+    );
+    out.counter(
+        "mlxcel_daemon_refused_block_ids_total",
+        "Block ids from the cache manager the daemon refused (not held under the hash claimed).",
+        h.refused_block_ids,
     );
 }
 
