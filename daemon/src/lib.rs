@@ -2,8 +2,13 @@
 //! on Linux), the tokenizer the front end will use, and single-sequence generation.
 //!
 //! # Layout
+//! The layering of vLLM v1's core: [`server`] (socket I/O only) → [`engine`] (the engine
+//! thread: [`engine::scheduler`], pure and tested without MLX; its step; the cache link, which
+//! is the cache side of each request and the trust boundary on the manager's ids) → [`pool`] and
+//! [`paged`] (blocks, refcounts, block tables) → [`model`] (forward passes) and [`sampler`].
 //! - [`cache_client`]: the connection to the cache manager (register, acquire, donate, orders).
-//! - [`engine`]: the engine thread: pool, scheduler, requests, the cache side of each request.
+//! - [`engine`]: the engine thread: the scheduler, requests, the cache side of each request.
+//! - [`error`]: [`EngineError`], the request's fault (400) apart from ours (500).
 //! - [`device`]: Metal GPU where available, else CPU; the compute dtype for each.
 //! - [`model`]: configuration, weights (GGUF), and the Llama-family forward pass.
 //! - [`kv`]: the [`kv::KvStore`] interface attention reads K/V through, and a dense store.
@@ -34,5 +39,5 @@ pub mod tokenizer;
 pub use loader::{Loaded, load};
 mod loader;
 
+pub mod error;
 pub use error::{EngineError, Result};
-mod error;

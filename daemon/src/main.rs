@@ -40,7 +40,8 @@ struct Args {
     #[arg(long, env = "MLXCEL_BLOCK_TOKENS", default_value_t = 32)]
     block_tokens: usize,
 
-    /// Prompt tokens per prefill step.
+    /// Prompt tokens computed per engine step, across all requests (the prefill budget: a burst
+    /// of long prompts is prefilled over several steps while running requests keep decoding).
     #[arg(long, env = "MLXCEL_PREFILL_CHUNK", default_value_t = 512)]
     prefill_chunk: usize,
 

@@ -122,12 +122,23 @@ fn measured_pool_bytes_equal_the_cache_managers_formula() {
 }
 
 #[test]
+#[cfg(debug_assertions)]
 #[should_panic(expected = "double free")]
 fn a_double_free_fails_loudly_in_debug_builds() {
     let mut pool = BlockPool::new(shape(1, 2, 4)).unwrap();
     let b = pool.allocate(1).unwrap()[0];
     pool.release(b);
     pool.release(b);
+}
+
+#[test]
+#[cfg(not(debug_assertions))]
+fn a_double_free_is_counted_in_release_builds() {
+    let mut pool = BlockPool::new(shape(1, 2, 4)).unwrap();
+    let b = pool.allocate(1).unwrap()[0];
+    pool.release(b);
+    pool.release(b);
+    assert_eq!((pool.bugs().double_frees, pool.free_blocks()), (1, 2));
 }
 
 #[test]

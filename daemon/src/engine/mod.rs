@@ -2,8 +2,9 @@
 //! only place MLX runs. Sockets and timers live on tokio and talk to it through [`Command`]s; it
 //! answers through per-connection event channels, so a slow client never stalls a step.
 //!
-//! Rooms: [`setup`] loads the model and sizes the pool; [`step`] schedules (FIFO admission by
-//! free blocks, chunked prefill, one batched decode pass, preemption when the pool is full);
+//! Rooms: [`setup`] loads the model and sizes the pool; [`scheduler`] decides (FIFO admission by
+//! free blocks, the prefill budget, preemption order: pure, tested without MLX); [`step`] runs
+//! what it decides (prefill chunks, one batched decode pass);
 //! [`cache_link`] is the cache side of each request (prefix mapping, donations, the manager's
 //! orders, and the trust boundary on the ids it sends); [`sequence`] is one request's state.
 //!
@@ -13,11 +14,11 @@
 //! (the lease ends there: the sequence's references hold them) and the rest prefilled.
 
 mod cache_link;
+pub mod scheduler;
 mod sequence;
 mod setup;
 mod step;
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,7 @@ use crate::paged::PagedSeq;
 use crate::pool::BlockPool;
 use crate::sampler::Sampler;
 use crate::{EngineError, Loaded, Result};
+use scheduler::Scheduler;
 use sequence::Sequence;
 
 /// How the engine runs.
@@ -146,8 +148,7 @@ struct Engine {
     loaded: Loaded,
     pool: BlockPool,
     config: EngineConfig,
-    waiting: VecDeque<Sequence>,
-    running: Vec<Sequence>,
+    sched: Scheduler<Sequence>,
     cache: CacheLink,
     preemptions: u64,
     vitals: Vitals,
@@ -167,8 +168,8 @@ impl Engine {
 
     fn publish(&self) {
         let now = EngineVitals {
-            running: self.running.len() as u32,
-            waiting: self.waiting.len() as u32,
+            running: self.sched.running().len() as u32,
+            waiting: self.sched.waiting_len() as u32,
             preemptions: self.preemptions,
             refused_block_ids: self.cache.refused(),
             pool: self.pool_stats(),
@@ -180,8 +181,8 @@ impl Engine {
         loop {
             // Idle: wait for work. Waiting for room or a prefix: wait a little (releases and
             // prefixes arrive as commands). Busy: take whatever arrived, then step.
-            if self.running.is_empty() {
-                let next = if self.waiting.is_empty() {
+            if self.sched.is_idle() {
+                let next = if !self.sched.has_waiting() {
                     rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
                 } else {
                     rx.recv_timeout(Duration::from_millis(20))
@@ -278,7 +279,7 @@ impl Engine {
             return;
         }
         let now = Instant::now();
-        self.waiting.push_back(Sequence {
+        self.sched.push(Sequence {
             conn,
             id: req.request_id,
             sampler: Sampler::new(req.sampling.clone(), &req.prompt),
@@ -304,9 +305,8 @@ impl Engine {
     fn prefix(&mut self, conn: u64, request_id: RequestId, prefix: Prefix) {
         let bt = self.config.block_tokens;
         let Some(s) = self
-            .waiting
-            .iter_mut()
-            .find(|s| s.conn == conn && s.id == request_id && s.awaiting_prefix)
+            .sched
+            .waiting_mut(|s| s.conn == conn && s.id == request_id && s.awaiting_prefix)
         else {
             // Cancelled or refused meanwhile.
             self.cache.unlease(prefix.lease);
@@ -345,12 +345,7 @@ impl Engine {
     }
 
     fn cancel(&mut self, matches: impl Fn(&Sequence) -> bool) {
-        let (gone, keep): (Vec<_>, Vec<_>) = self.running.drain(..).partition(|s| matches(s));
-        self.running = keep;
-        let (waiting_gone, waiting_keep): (Vec<_>, Vec<_>) =
-            self.waiting.drain(..).partition(|s| matches(s));
-        self.waiting = waiting_keep.into();
-        for mut s in gone.into_iter().chain(waiting_gone) {
+        for mut s in self.sched.take(matches) {
             let usage = s.usage();
             let _ = s.events.send(DaemonToFrontend::Done {
                 request_id: s.id,

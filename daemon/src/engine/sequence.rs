@@ -44,7 +44,27 @@ pub struct Sequence {
     pub next_logits: Option<Array>,
 }
 
+impl super::scheduler::Job for Sequence {
+    fn tokens(&self) -> usize {
+        self.prompt.len() + self.generated.len()
+    }
+    fn stored(&self) -> usize {
+        self.kv.len
+    }
+    fn blocks(&self) -> usize {
+        self.kv.table.len()
+    }
+    fn admissible(&self) -> bool {
+        !self.awaiting_prefix
+    }
+}
+
 impl Sequence {
+    /// Names the sequence across the engine (a request id is unique on its connection).
+    pub fn key(&self) -> (u64, u64) {
+        (self.conn, self.id)
+    }
+
     /// Whether tokens are waiting to be computed (the prompt, or after a preemption the prompt
     /// and the output so far).
     pub fn needs_prefill(&self) -> bool {

@@ -1,11 +1,10 @@
 //! Loading the model and sizing the pool: what the engine has before its first command.
 
-use std::collections::VecDeque;
-
 use mlx_rs::Dtype;
 use mlxcel_ipc::Geometry;
 use mlxcel_ipc::proto::daemon::{ModelInfo, PoolStats};
 
+use super::scheduler::{Limits, Scheduler};
 use super::{CacheLink, Engine, EngineConfig, Started, Vitals};
 use crate::pool::{BlockPool, PoolShape};
 use crate::{EngineError, Result};
@@ -84,8 +83,11 @@ impl Engine {
             loaded,
             pool,
             config: config.clone(),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
+            sched: Scheduler::new(Limits {
+                max_running: config.max_running,
+                block_tokens: config.block_tokens,
+                prefill_budget: config.prefill_chunk,
+            }),
             cache: CacheLink::default(),
             preemptions: 0,
             vitals: Vitals::default(),

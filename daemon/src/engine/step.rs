@@ -1,6 +1,6 @@
-//! Scheduling: FIFO admission by free blocks, a prefill chunk for each sequence computing its
-//! prompt, one batched decode pass for every sequence ready to sample, and preemption of the
-//! youngest sequence when a step cannot get a block.
+//! One engine step as the [`super::scheduler::Scheduler`] decides it: admission, the planned
+//! prefill chunks, one batched decode pass for every sequence ready to sample, and preemption
+//! of the youngest sequence when a step cannot get a block.
 
 use std::time::Instant;
 
@@ -14,63 +14,49 @@ use crate::EngineError;
 use crate::paged::{PagedBatch, PagedSeq};
 
 impl Engine {
-    /// Starts waiting sequences, oldest first, while the pool has room for their prompts.
+    /// Starts waiting sequences as the scheduler admits them; refuses those that can never
+    /// fit; asks the cache for the blocks the oldest waiting one lacks.
     pub(super) fn admit(&mut self) {
-        while self.running.len() < self.config.max_running {
-            // Oldest first among those whose prefix is known (a prefix is at most the acquire
-            // deadline away).
-            let Some(at) = self.waiting.iter().position(|s| !s.awaiting_prefix) else {
-                break;
-            };
-            let front = &self.waiting[at];
-            let bt = self.config.block_tokens;
-            let tokens = front.prompt.len() + front.generated.len();
-            let need = tokens.div_ceil(bt).saturating_sub(front.kv.table.len()) as u32;
-            if need > self.pool.free_blocks() {
-                if self.running.is_empty() && need > self.pool.shape().num_blocks {
-                    // Can never fit: fail it rather than wait forever.
-                    if let Some(s) = self.waiting.remove(at) {
-                        let message = "the prompt needs more KV blocks than the pool has";
-                        self.fail(s, WireError::new(ErrorCode::BadRequest, message));
-                    }
-                    continue;
-                }
-                self.cache.reclaim(need - self.pool.free_blocks());
-                break;
-            }
-            if let Some(mut s) = self.waiting.remove(at) {
-                s.started_at = Instant::now();
-                self.running.push(s);
-            }
+        let (free, total) = (self.pool.free_blocks(), self.pool.shape().num_blocks);
+        let admission = self.sched.admit(free, total);
+        for s in admission.unfit {
+            let message = "the prompt needs more KV blocks than the pool has";
+            self.fail(s, WireError::new(ErrorCode::BadRequest, message));
+        }
+        if let Some(short) = admission.short {
+            self.cache.reclaim(short);
+        }
+        let running = self.sched.running_mut();
+        let now = Instant::now();
+        let first_new = running.len() - admission.started;
+        for s in &mut running[first_new..] {
+            s.started_at = now;
         }
     }
 
-    /// One scheduler step: a prefill chunk for each sequence that needs one, then one batched
-    /// decode step for every sequence ready to sample.
+    /// One scheduler step: the prefill chunks the scheduler plans (oldest first, within the
+    /// step's token budget), then one batched decode step for every sequence ready to sample.
     pub(super) fn step_all(&mut self) {
-        let mut i = 0;
-        while i < self.running.len() {
-            if !self.running[i].needs_prefill() {
-                i += 1;
+        let plan: Vec<((u64, u64), usize)> = self
+            .sched
+            .prefill_plan()
+            .into_iter()
+            .map(|(i, n)| (self.sched.running()[i].key(), n))
+            .collect();
+        for (key, n) in plan {
+            // Earlier chunks of this step may have preempted or failed sequences.
+            let Some(i) = self.sched.running().iter().position(|s| s.key() == key) else {
                 continue;
-            }
-            match self.running[i].prefill_step(
-                &self.loaded.model,
-                &mut self.pool,
-                self.config.prefill_chunk,
-            ) {
-                Ok(()) => i += 1,
-                Err(e) => {
-                    if self.pool_full(i, e) {
-                        i += 1;
-                    }
-                }
+            };
+            let s = &mut self.sched.running_mut()[i];
+            if let Err(e) = s.prefill_step(&self.loaded.model, &mut self.pool, n) {
+                self.pool_full(i, e);
             }
         }
         // Sample every ready sequence; those that go on need their new token computed.
         let mut next: Vec<(usize, u32)> = Vec::new();
         let mut finished: Vec<(usize, End)> = Vec::new();
-        for (i, s) in self.running.iter_mut().enumerate() {
+        for (i, s) in self.sched.running_mut().iter_mut().enumerate() {
             if s.needs_prefill() || s.next_logits.is_none() {
                 continue;
             }
@@ -87,7 +73,7 @@ impl Engine {
         let mut batch: Vec<(usize, u32)> = Vec::new();
         let mut starved: Vec<usize> = Vec::new();
         for (i, token) in next {
-            if self.running[i].kv.reserve(&mut self.pool, 1) {
+            if self.sched.running_mut()[i].kv.reserve(&mut self.pool, 1) {
                 batch.push((i, token));
             } else {
                 starved.push(i);
@@ -97,7 +83,8 @@ impl Engine {
             let tokens: Vec<u32> = batch.iter().map(|&(_, t)| t).collect();
             let pool = &mut self.pool;
             let mut seqs: Vec<&mut Sequence> = self
-                .running
+                .sched
+                .running_mut()
                 .iter_mut()
                 .enumerate()
                 .filter(|(i, _)| batch.iter().any(|&(b, _)| b == *i))
@@ -132,7 +119,7 @@ impl Engine {
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         finished.dedup_by_key(|f| f.0);
         for (i, end) in finished {
-            let s = self.running.remove(i);
+            let s = self.sched.remove_running(i);
             starved.retain(|&x| x != i);
             for x in starved.iter_mut() {
                 if *x > i {
@@ -146,8 +133,10 @@ impl Engine {
         }
         starved.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
         for i in starved {
-            if i < self.running.len() {
-                // Its sampled token is in `generated`: it is recomputed with the rest.
+            // Its sampled token is in `generated`: the next step computes it (a one-token
+            // prefill), so it only needs a free block by then. Preempting a younger one for a
+            // sequence starved in the same step may have made that room already.
+            if i < self.sched.running().len() && self.pool.free_blocks() == 0 {
                 self.pool_full(
                     i,
                     EngineError::PoolExhausted {
@@ -159,37 +148,34 @@ impl Engine {
         }
     }
 
-    /// Handles a step of sequence `i` that failed; true when sequence `i` is still in place.
-    fn pool_full(&mut self, i: usize, e: EngineError) -> bool {
+    /// Handles a step of sequence `i` that failed.
+    fn pool_full(&mut self, i: usize, e: EngineError) {
         match e {
             EngineError::PoolExhausted { .. }
-                if self.running.len() == 1 && !self.cache.may_free_blocks() =>
+                if self.sched.running().len() == 1 && !self.cache.may_free_blocks() =>
             {
                 // Alone, nothing to reclaim and no finished request's blocks about to come
                 // back (a donation the manager has not answered yet): this can never fit.
-                let s = self.running.remove(i);
+                let s = self.sched.remove_running(i);
                 let message = "the request needs more KV blocks than the pool has";
                 self.fail(s, WireError::new(ErrorCode::BadRequest, message));
-                false
             }
             EngineError::PoolExhausted { .. } => {
                 // Ask the cache for room and preempt the youngest running sequence; it keeps
                 // its output and sampler and recomputes its K/V when it runs again.
                 self.cache.reclaim(1);
-                let youngest = self.running.len() - 1;
-                let mut s = self.running.remove(youngest);
-                tracing::info!(request = s.id, "preempting: the KV pool is full");
+                let pool = &mut self.pool;
+                self.sched.preempt_youngest(|s| {
+                    tracing::info!(request = s.id, "preempting: the KV pool is full");
+                    s.kv.free(pool);
+                    s.next_logits = None;
+                });
                 self.preemptions += 1;
-                s.kv.free(&mut self.pool);
-                s.next_logits = None;
-                self.waiting.push_front(s);
-                youngest != i
             }
             e => {
-                tracing::error!(request = self.running[i].id, error = %e, "prefill failed");
-                let s = self.running.remove(i);
+                let s = self.sched.remove_running(i);
+                tracing::error!(request = s.id, error = %e, "prefill failed");
                 self.fail(s, e.wire());
-                false
             }
         }
     }
