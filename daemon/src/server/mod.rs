@@ -3,12 +3,13 @@
 //! by the engine's events, so the engine never waits on a socket, and the reader never waits on
 //! anything but the socket. A request goes to the engine at once; its cached prefix is asked of
 //! the cache manager by a task of its own, within a deadline from the request's arrival, so a
-//! slow or hung manager costs each request at most that budget, concurrently, and `Health`,
-//! `Cancel` and `Info` are answered whatever the engine or the manager is doing.
+//! slow or hung manager costs each request at most that budget, concurrently. `Health` and
+//! `Info` are answered from what the engine published, and a `Cancel` at once ([`ends`]),
+//! whatever the engine or the manager is doing.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mlxcel_ipc::proto::daemon::{DaemonHealth, DaemonToFrontend, FrontendToDaemon, ModelInfo};
@@ -21,6 +22,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::cache_client::CacheClient;
 use crate::engine::{Command, Prefix, Vitals, read_vitals};
+use ends::Ends;
+
+mod ends;
 
 /// Everything a connection needs.
 #[derive(Clone)]
@@ -76,8 +80,22 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
     tracing::debug!(conn, pid = hello.pid, "front end connected");
     let (mut reader, mut writer) = conn_io.into_split();
     let (events, mut events_rx) = mpsc::unbounded_channel::<DaemonToFrontend>();
+    // The server's own answers (health, info, cancels, frame errors) go first, ahead of the
+    // engine's queued events.
+    let (answers, mut answers_rx) = mpsc::unbounded_channel::<DaemonToFrontend>();
+    let ends = Arc::new(Mutex::new(Ends::default()));
+    let writer_ends = ends.clone();
     let writer_task = tokio::spawn(async move {
-        while let Some(msg) = events_rx.recv().await {
+        loop {
+            let msg = tokio::select! {
+                biased;
+                Some(m) = answers_rx.recv() => m,
+                m = events_rx.recv() => match m {
+                    Some(m) if lock(&writer_ends).pass(&m) => m,
+                    Some(_) => continue,
+                    None => return,
+                },
+            };
             if writer.write_frame(&msg).await.is_err() {
                 return;
             }
@@ -93,7 +111,7 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                 } else {
                     ErrorCode::BadFrame
                 };
-                let _ = events.send(DaemonToFrontend::Error(WireError::new(code, e.to_string())));
+                let _ = answers.send(DaemonToFrontend::Error(WireError::new(code, e.to_string())));
                 if e.is_recoverable() {
                     continue;
                 }
@@ -105,6 +123,7 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                 let arrived = Instant::now();
                 let hashes = prefix_hashes(shared, &req.prompt, req.cache_salt.as_deref());
                 let request_id = req.request_id;
+                lock(&ends).started(request_id);
                 let cmd = Command::Submit {
                     conn,
                     req,
@@ -120,15 +139,18 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                 }
             }
             FrontendToDaemon::Cancel { request_id } => {
+                if let Some(answer) = lock(&ends).cancel(request_id) {
+                    let _ = answers.send(answer);
+                }
                 let _ = shared.engine.send(Command::Cancel { conn, request_id });
             }
             FrontendToDaemon::Info => {
-                let _ = events.send(DaemonToFrontend::Info(Box::new((*shared.info).clone())));
+                let _ = answers.send(DaemonToFrontend::Info(Box::new((*shared.info).clone())));
             }
             FrontendToDaemon::Health => {
                 let v = read_vitals(&shared.vitals);
                 let epoch = shared.cache.epoch();
-                let _ = events.send(DaemonToFrontend::Health(DaemonHealth {
+                let _ = answers.send(DaemonToFrontend::Health(DaemonHealth {
                     cachemgr_connected: epoch.is_some(),
                     epoch,
                     running: v.running,
@@ -144,6 +166,11 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
     // The engine holds event senders until it has ended this connection's requests.
     let _ = shared.engine.send(Command::ConnectionClosed { conn });
     let _ = writer_task.await;
+}
+
+/// The connection's request ends (a std mutex: held for a set lookup, never across an await).
+fn lock(ends: &Mutex<Ends>) -> std::sync::MutexGuard<'_, Ends> {
+    ends.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The full-block hashes of a prompt to ask the cache for (none while no manager is registered).
