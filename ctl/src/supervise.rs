@@ -7,6 +7,7 @@
 //! SIGTERM then SIGKILL, well within 20 s. It exits 0 after a requested stop and 1 when a child
 //! keeps failing at startup (5 times in a row) or cannot be started at all.
 
+use mlxcel_ipc::lifeline::Lifeline;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -65,6 +66,8 @@ struct Supervisor {
     pending: VecDeque<Exit>,
     running: [Option<Running>; 3],
     next_generation: u64,
+    /// The children stop when this closes, however we end (see `mlxcel_ipc::lifeline`).
+    lifeline: Lifeline,
 }
 
 fn say(line: &str) {
@@ -108,6 +111,7 @@ pub async fn run(args: ServeArgs, socket_dir: Option<&Path>) -> anyhow::Result<(
         pending: VecDeque::new(),
         running: [None; 3],
         next_generation: 1,
+        lifeline: Lifeline::new().context("cannot make the children's lifeline")?,
     };
     let signal = mlxcel_ipc::signals::terminate_or_interrupt();
     tokio::pin!(signal);
@@ -209,6 +213,7 @@ impl Supervisor {
         let mut child = tokio::process::Command::new(&program)
             .arg("--socket-dir")
             .arg(&self.socket_dir)
+            .env(mlxcel_ipc::lifeline::ENV, self.lifeline.env_value())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -92,3 +92,45 @@ fn serve_runs_the_stack_restarts_a_killed_daemon_and_stops_on_sigterm() {
         );
     }
 }
+
+/// Whether `pid` is gone (or only a zombie waiting for whoever adopted it to reap it).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err(),
+    }
+}
+
+/// Kills `mlxcelctl serve` with `signal`; its three children must be gone within 5 s.
+fn children_die_with_serve(signal: Signal) {
+    let mut served = Served::start(&[]);
+    let st = served.status();
+    let children: Vec<i32> = ["cachemgr", "daemon", "frontend"]
+        .iter()
+        .map(|n| pid_of(&st, n).unwrap_or_else(|| panic!("{n}: {st}")))
+        .collect();
+    kill(served.child.id() as i32, signal);
+    let _ = served.child.wait();
+    let started = Instant::now();
+    wait_until(
+        Duration::from_secs(5),
+        "every child stopped with serve",
+        || children.iter().all(|&p| gone(p)),
+    );
+    eprintln!(
+        "{signal:?}: children gone {:?} after serve",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn the_children_die_with_a_killed_serve() {
+    children_die_with_serve(Signal::SIGKILL);
+}
+
+#[test]
+fn the_children_die_with_serve_when_its_terminal_hangs_up() {
+    children_die_with_serve(Signal::SIGHUP);
+}

@@ -29,6 +29,7 @@ pub mod fuzzing;
 pub mod geometry;
 pub mod handshake;
 pub mod hello;
+pub mod lifeline;
 pub mod proto;
 pub mod runtime_dir;
 pub mod signals;

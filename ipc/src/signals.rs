@@ -1,7 +1,8 @@
 //! The stop signals every mlxcel process honours (launchd and systemd send SIGTERM; Ctrl-C
-//! sends SIGINT).
+//! sends SIGINT), and the end of its supervisor's lifeline ([`crate::lifeline`]).
 
-/// Returns when SIGTERM or SIGINT arrives (never, if the handlers cannot be installed).
+/// Returns when SIGTERM or SIGINT arrives, or the supervisor that started this process is
+/// gone (never, if the handlers cannot be installed and there is no supervisor).
 pub async fn terminate_or_interrupt() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
@@ -9,10 +10,11 @@ pub async fn terminate_or_interrupt() {
         signal(SignalKind::interrupt()),
     ) else {
         tracing::error!("cannot install signal handlers");
-        return std::future::pending().await;
+        return crate::lifeline::supervisor_gone().await;
     };
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
+        _ = crate::lifeline::supervisor_gone() => {}
     }
 }
