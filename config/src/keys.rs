@@ -259,6 +259,20 @@ pub const KEYS: &[Key] = &[
     key(Frontend, "host", "MLXCEL_HOST", Some("127.0.0.1"), Text),
     key(Frontend, "port", "MLXCEL_PORT", Some("8080"), Port),
     key(Frontend, "api-key", "MLXCEL_API_KEY", None, Secret),
+    key(
+        Frontend,
+        "allowed-hosts",
+        "MLXCEL_ALLOWED_HOSTS",
+        None,
+        Text,
+    ),
+    key(
+        Frontend,
+        "allowed-origins",
+        "MLXCEL_ALLOWED_ORIGINS",
+        None,
+        Text,
+    ),
     key(Frontend, "max-queue", "MLXCEL_MAX_QUEUE", Some("64"), Count),
     key(
         Frontend,

@@ -30,6 +30,16 @@ pub struct Args {
     #[arg(long, env = "MLXCEL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
+    /// Host names served besides loopback ones and the bound address, comma-separated (`*` =
+    /// any). Others get 421: a web page rebinding its name to this machine is refused.
+    #[arg(long, env = "MLXCEL_ALLOWED_HOSTS", value_name = "HOSTS")]
+    pub allowed_hosts: Option<String>,
+
+    /// Web page origins (`https://ui.example.com`) whose browser requests are served besides
+    /// loopback ones, comma-separated (`*` = any). Others get 403, CORS preflights included.
+    #[arg(long, env = "MLXCEL_ALLOWED_ORIGINS", value_name = "ORIGINS")]
+    pub allowed_origins: Option<String>,
+
     /// Requests that may wait for their first token at once; more get 429.
     #[arg(long, env = "MLXCEL_MAX_QUEUE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_queue: u32,

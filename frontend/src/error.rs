@@ -29,6 +29,15 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
     Unauthorized,
+    /// A `Host` that is not ours (a DNS-rebinding page): see `--allowed-hosts`.
+    #[error(
+        "requests for host `{0}` are not served here (a web page may be rebinding its name to \
+         this machine); use a loopback name, or add it with --allowed-hosts"
+    )]
+    MisdirectedHost(String),
+    /// A browser request from a page whose origin is not allowed: see `--allowed-origins`.
+    #[error("requests from the web page origin `{0}` are refused; allow it with --allowed-origins")]
+    ForbiddenOrigin(String),
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
     /// A named thing (e.g. a cache entry) does not exist.
@@ -72,6 +81,8 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::MisdirectedHost(_) => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::RouteNotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
@@ -91,6 +102,8 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Unauthorized => "invalid_api_key",
+            ApiError::MisdirectedHost(_) => "misdirected_host",
+            ApiError::ForbiddenOrigin(_) => "forbidden_origin",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::NotFound(_) | ApiError::RouteNotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
@@ -103,6 +116,7 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self.status() {
             StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             StatusCode::SERVICE_UNAVAILABLE | StatusCode::INTERNAL_SERVER_ERROR => "server_error",

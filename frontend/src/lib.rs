@@ -30,6 +30,7 @@ pub mod config;
 pub mod daemon_link;
 pub mod error;
 pub mod fuzzing;
+pub mod gate;
 pub mod http_server;
 pub mod metrics;
 pub mod openai;

@@ -1,5 +1,6 @@
 //! `mlxcel-frontend`: see `--help`.
 
+use mlxcel_frontend::gate::{self, Gate};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,7 +76,16 @@ async fn run(args: Args) -> Result<(), String> {
         },
         queue: WaitQueue::new(args.max_queue as usize),
         metrics: Arc::new(Metrics::default()),
-        api_key: args.api_key.filter(|k| !k.is_empty()).map(Arc::from),
+        api_key: args
+            .api_key
+            .clone()
+            .filter(|k| !k.is_empty())
+            .map(Arc::from),
+        gate: Arc::new(Gate::new(
+            addr.0,
+            gate::list(args.allowed_hosts.as_deref()),
+            gate::list(args.allowed_origins.as_deref()),
+        )),
         max_body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
         body_timeout: args.body_timeout,
     };

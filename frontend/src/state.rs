@@ -16,6 +16,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The bearer token clients must send (None = no authentication).
     pub api_key: Option<Arc<str>>,
+    /// Which `Host` and `Origin` headers are served.
+    pub gate: Arc<crate::gate::Gate>,
     pub max_body_bytes: usize,
     /// How long a request body may take to arrive.
     pub body_timeout: std::time::Duration,

@@ -390,7 +390,7 @@ fn slow_headers_and_slow_bodies_are_cut_off() {
     let mut s = std::net::TcpStream::connect(&host).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let started = Instant::now();
-    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         .unwrap();
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
@@ -404,7 +404,7 @@ fn slow_headers_and_slow_bodies_are_cut_off() {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let started = Instant::now();
     s.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
           Content-Length: 100\r\nConnection: close\r\n\r\n{\"messages\"",
     )
     .unwrap();

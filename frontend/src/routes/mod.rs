@@ -1,4 +1,5 @@
-//! The router: routes, the bearer-token check, request ids, response counting, and
+//! The router: routes, the host/origin gate, the bearer-token check, request ids, response
+//! counting, and
 //! OpenAI-shaped answers for unknown routes and wrong methods.
 
 mod cache;
@@ -43,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), gate))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             request_context,
@@ -62,6 +64,32 @@ async fn method_not_allowed(req: Request) -> ApiError {
         method: req.method().to_string(),
         path: req.uri().path().to_string(),
     }
+}
+
+/// Refuses requests for another host (421) and browser requests from other origins (403),
+/// on every route, before anything else runs (see [`crate::gate`]).
+async fn gate(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(refusal) = refusal(&app.gate, req.headers()) {
+        return refusal.into_response();
+    }
+    next.run(req).await
+}
+
+fn refusal(gate: &crate::gate::Gate, headers: &axum::http::HeaderMap) -> Option<ApiError> {
+    let text = |name| headers.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    let host = text(header::HOST);
+    if !gate.host_ok(host) {
+        return Some(ApiError::MisdirectedHost(
+            host.unwrap_or_default().to_string(),
+        ));
+    }
+    let origin = text(header::ORIGIN);
+    if !gate.origin_ok(origin) {
+        return Some(ApiError::ForbiddenOrigin(
+            origin.unwrap_or_default().to_string(),
+        ));
+    }
+    None
 }
 
 /// Refuses requests without the configured bearer token (constant-time comparison).
