@@ -165,7 +165,7 @@ async fn ask_daemon(socket: &Path) -> Result<(u32, ModelInfo, DaemonHealth), Str
 }
 
 /// The front end's pid, from its `/health`.
-async fn ask_frontend(addr: SocketAddr) -> Result<u32, String> {
+pub(crate) async fn ask_frontend(addr: SocketAddr) -> Result<u32, String> {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("nothing listens on {addr}: {e}"))?;

@@ -123,9 +123,9 @@ pub async fn run(args: ServeArgs, socket_dir: Option<&Path>) -> anyhow::Result<(
         r = sup.supervise() => r,
     };
     sup.stop_all().await;
-    match &result {
-        Ok(()) => say("stopped"),
-        Err(e) => say(&format!("giving up: {e:#}")),
+    // A failure is printed once, by main (`mlxcelctl: ...`).
+    if result.is_ok() {
+        say("stopped");
     }
     result
 }
@@ -133,6 +133,14 @@ pub async fn run(args: ServeArgs, socket_dir: Option<&Path>) -> anyhow::Result<(
 impl Supervisor {
     /// Starts everything, then restarts whatever exits; returns only on failure.
     async fn supervise(&mut self) -> anyhow::Result<()> {
+        // A program already on the API's port would answer in our stead: say so, start nothing.
+        if tokio::net::TcpStream::connect(self.frontend).await.is_ok() {
+            bail!(
+                "{} is already in use by another program: stop it, or choose another port \
+                 (--port in [frontend], MLXCEL_PORT)",
+                self.frontend
+            );
+        }
         let mut fast_failures = [0u32; 3];
         let mut backoff = [Duration::from_secs(1); 3];
         for p in Process::ALL {
@@ -281,6 +289,8 @@ impl Supervisor {
         }
     }
 
+    /// Whether `p` answers; for the front end, whether the answer on its port is *its own*
+    /// (the pid in `/health`), not another program's.
     async fn probe(&self, p: Process) -> bool {
         let probe = async {
             match p {
@@ -294,7 +304,10 @@ impl Supervisor {
                         .await
                         .is_ok()
                 }
-                Process::Frontend => tokio::net::TcpStream::connect(self.frontend).await.is_ok(),
+                Process::Frontend => {
+                    let ours = self.running[index(p)].map(|r| r.pid);
+                    crate::status::ask_frontend(self.frontend).await.ok() == ours
+                }
             }
         };
         tokio::time::timeout(Duration::from_secs(2), probe)

@@ -134,3 +134,30 @@ fn the_children_die_with_a_killed_serve() {
 fn the_children_die_with_serve_when_its_terminal_hangs_up() {
     children_die_with_serve(Signal::SIGHUP);
 }
+
+#[test]
+fn a_port_squatter_is_one_clear_line_and_exit_1() {
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    let dir = tempfile::Builder::new()
+        .prefix("mxq")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let out = std::process::Command::new(stack::bin("mlxcelctl"))
+        .args(["serve", "--socket-dir"])
+        .arg(dir.path())
+        .env("MLXCEL_PORT", port.to_string())
+        .env("XDG_CONFIG_HOME", dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line = format!("127.0.0.1:{port} is already in use by another program");
+    assert_eq!(stderr.matches(&line).count(), 1, "{stderr}");
+    assert!(
+        !stderr.contains("restarting"),
+        "nothing was started: {stderr}"
+    );
+    drop(squatter);
+}
