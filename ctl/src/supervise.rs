@@ -168,6 +168,14 @@ impl Supervisor {
             if ran >= HEALTHY_AFTER {
                 fast_failures[i] = 0;
                 backoff[i] = Duration::from_secs(1);
+            } else if fast_failures[i] >= MAX_FAST_FAILURES {
+                // It starts, then crashes: restarting it for ever would only hide that.
+                bail!(
+                    "{} crashed {MAX_FAST_FAILURES} times in a row within {} of a good start; \
+                     see its log lines above",
+                    exit.process.name(),
+                    humantime::format_duration(HEALTHY_AFTER)
+                );
             }
             self.start_until_ready(exit.process, &mut fast_failures, &mut backoff)
                 .await?;
@@ -384,10 +392,22 @@ fn describe(status: &std::io::Result<ExitStatus>) -> String {
 /// Copies a child's output to our stderr, each line prefixed with its name.
 async fn forward(stream: impl AsyncRead + Unpin, name: &'static str) {
     use std::io::Write;
-    let mut lines = BufReader::new(stream).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        // Never fails (eprintln! would panic on a full disk or a closed stderr, and the child
-        // would then block on its unread pipe).
-        let _ = writeln!(std::io::stderr(), "[{name}] {line}");
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    // Bytes, not `lines()`: a line that is not UTF-8 must not end the forwarding (the child
+    // would then block on its unread pipe); it is shown with replacement characters.
+    while reader
+        .read_until(b'\n', &mut line)
+        .await
+        .is_ok_and(|n| n > 0)
+    {
+        let text = String::from_utf8_lossy(&line);
+        // Never fails (eprintln! would panic on a full disk or a closed stderr).
+        let _ = writeln!(
+            std::io::stderr(),
+            "[{name}] {}",
+            text.trim_end_matches(['\n', '\r'])
+        );
+        line.clear();
     }
 }

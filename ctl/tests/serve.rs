@@ -161,3 +161,74 @@ fn a_port_squatter_is_one_clear_line_and_exit_1() {
     );
     drop(squatter);
 }
+
+/// Stand-ins for the three processes, by name: the daemon and the front end start and stay (the
+/// front end answers `/health` with its pid); the cache manager starts well (its socket
+/// answers), writes a line that is not UTF-8 and one after it, and crashes half a second later.
+const STAND_IN: &str = r#"#!/usr/bin/env python3
+import http.server, json, os, socket, sys, time
+name = os.path.basename(sys.argv[0]).removeprefix("mlxcel-")
+d = sys.argv[sys.argv.index("--socket-dir") + 1]
+if name == "frontend":
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"processes": {"frontend": {"pid": os.getpid()}}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    http.server.HTTPServer(("127.0.0.1", int(os.environ["MLXCEL_PORT"])), H).serve_forever()
+if name == "cachemgr":
+    sys.stderr.buffer.write(b"bad \xff\xfe bytes\n")
+    sys.stderr.write("the line after the bad bytes\n")
+    sys.stderr.flush()
+p = os.path.join(d, name + ".sock")
+if os.path.exists(p):
+    os.unlink(p)
+s = socket.socket(socket.AF_UNIX)
+s.bind(p)
+s.listen()
+time.sleep(0.5 if name == "cachemgr" else 3600)
+sys.exit(3)
+"#;
+
+#[test]
+fn a_child_that_crashes_after_a_good_start_is_restarted_a_bounded_number_of_times() {
+    use std::os::unix::fs::PermissionsExt;
+    let bins = tempfile::tempdir().unwrap();
+    for name in ["mlxcel-cachemgr", "mlxcel-daemon", "mlxcel-frontend"] {
+        let path = bins.path().join(name);
+        std::fs::write(&path, STAND_IN).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("mxc")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let port = http::free_port();
+    let out = std::process::Command::new(stack::bin("mlxcelctl"))
+        .args(["serve", "--bin-dir"])
+        .arg(bins.path())
+        .arg("--socket-dir")
+        .arg(dir.path())
+        .env("MLXCEL_PORT", port.to_string())
+        .env("XDG_CONFIG_HOME", dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("cachemgr ready").count(), 5, "{stderr}");
+    assert!(
+        stderr.contains("cachemgr crashed 5 times in a row"),
+        "{stderr}"
+    );
+    // Forwarding went on past the bytes that are not UTF-8, every time.
+    assert_eq!(
+        stderr
+            .matches("[cachemgr] the line after the bad bytes")
+            .count(),
+        5,
+        "{stderr}"
+    );
+}
