@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: check-macos setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -21,10 +21,14 @@ serve: setup
 	$(CARGO) build --release --workspace --bins
 	./target/release/mlxcelctl serve $(if $(SOCKET_DIR),--socket-dir $(SOCKET_DIR))
 
-## test: formatting, lints (warnings are errors), then every test in the workspace.
-test: test-setup lint
+## test: formatting, lints (warnings are errors), the macOS type check, then every test in the
+## workspace.
+test: test-setup lint check-macos
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
+
+check-macos:
+	CARGO=$(CARGO) bash scripts/check_macos.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
