@@ -4,7 +4,6 @@
 //! `MLXCEL_WRITE_LAUNCHD=1 cargo test -p mlxcel-ctl --test launchd_files`.
 
 #[path = "support/http.rs"]
-#[allow(dead_code)]
 mod http;
 #[path = "support/stack.rs"]
 mod stack;
