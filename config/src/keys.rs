@@ -176,6 +176,7 @@ pub const KEYS: &[Key] = &[
         Count,
     ),
     key(Daemon, "model", "MLXCEL_MODEL", Some("default"), Text),
+    key(Daemon, "device", "MLXCEL_DEVICE", Some("auto"), Text),
     key(
         Daemon,
         "kv-pool-bytes",

@@ -1,16 +1,61 @@
-//! Device selection: Metal GPU where MLX has it, else CPU.
+//! Device selection: a GPU where MLX has one (Metal on a Mac, CUDA on Linux with MLX's CUDA
+//! build), else the CPU; `--device` can insist on either.
 //!
 //! On the CPU backend quantized matmuls are slow (~2 GFLOP/s) and f16/bf16 matmuls run at
-//! ~4–5 GFLOP/s, while f32 matmuls go through BLAS (~60 GFLOP/s with OpenBLAS here), so the CPU
-//! computes in f32 with weights dequantized at load. On Metal weights stay quantized and
+//! ~4–5 GFLOP/s, while f32 matmuls go through BLAS (~190 GFLOP/s with OpenBLAS here), so the CPU
+//! computes in f32 with weights dequantized at load. On a GPU weights stay quantized and
 //! activations are f16.
 
+use std::fmt;
+
 use mlx_rs::{Device, Dtype};
+
+/// What `--device` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// The GPU if MLX has one, else the CPU.
+    #[default]
+    Auto,
+    /// The GPU, or an error.
+    Gpu,
+    Cpu,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(DeviceChoice::Auto),
+            "gpu" => Ok(DeviceChoice::Gpu),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            other => Err(format!("`{other}` is not a device: auto, gpu or cpu")),
+        }
+    }
+}
+
+/// The MLX backend that runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Metal,
+    Cuda,
+    Cpu,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Metal => "metal gpu",
+            Backend::Cuda => "cuda gpu",
+            Backend::Cpu => "cpu",
+        })
+    }
+}
 
 /// Where the model runs and in which precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
-    /// True on a Metal GPU.
+    pub backend: Backend,
+    /// True on a GPU (Metal or CUDA).
     pub gpu: bool,
     /// Activation and (dense) weight dtype.
     pub dtype: Dtype,
@@ -19,40 +64,62 @@ pub struct Placement {
 }
 
 impl Placement {
-    /// Picks the GPU if MLX has Metal, else the CPU, and makes it MLX's default device.
-    pub fn choose() -> Self {
-        let gpu = metal_available();
-        let placement = if gpu {
-            Placement {
-                gpu,
-                dtype: Dtype::Float16,
-                keep_quantized: true,
+    /// Picks the device `choice` asks for and makes it MLX's default device.
+    pub fn choose(choice: DeviceChoice) -> Result<Self, String> {
+        let gpu = gpu_backend();
+        let backend = match (choice, gpu) {
+            (DeviceChoice::Cpu, _) | (DeviceChoice::Auto, None) => Backend::Cpu,
+            (_, Some(b)) => b,
+            (DeviceChoice::Gpu, None) => {
+                return Err(
+                    "--device gpu: this MLX build has no GPU backend (neither Metal nor \
+                            CUDA, or no device present); use --device auto or cpu"
+                        .into(),
+                );
             }
-        } else {
+        };
+        let placement = if backend == Backend::Cpu {
             Placement {
-                gpu,
+                backend,
+                gpu: false,
                 dtype: Dtype::Float32,
                 keep_quantized: false,
             }
+        } else {
+            Placement {
+                backend,
+                gpu: true,
+                dtype: Dtype::Float16,
+                keep_quantized: true,
+            }
         };
-        Device::set_default(&if gpu { Device::gpu() } else { Device::cpu() });
-        placement
+        Device::set_default(&if placement.gpu {
+            Device::gpu()
+        } else {
+            Device::cpu()
+        });
+        Ok(placement)
     }
 
-    /// A human-readable name ("metal gpu, f16" / "cpu, f32").
+    /// A human-readable name ("metal gpu, Float16" / "cpu, Float32").
     pub fn describe(&self) -> String {
-        format!(
-            "{}, {:?}",
-            if self.gpu { "metal gpu" } else { "cpu" },
-            self.dtype
-        )
+        format!("{}, {:?}", self.backend, self.dtype)
     }
 }
 
-/// Whether MLX was built with Metal and a GPU is present.
-fn metal_available() -> bool {
-    let mut available = false;
-    // SAFETY: plain FFI call writing one bool through a valid pointer.
-    let status = unsafe { mlx_sys::mlx_metal_is_available(&mut available) };
-    status == 0 && available
+/// The GPU backend MLX has here, if any.
+fn gpu_backend() -> Option<Backend> {
+    let ask = |f: unsafe extern "C" fn(*mut bool) -> std::os::raw::c_int| {
+        let mut available = false;
+        // SAFETY: plain FFI call writing one bool through a valid pointer.
+        let status = unsafe { f(&mut available) };
+        status == 0 && available
+    };
+    if ask(mlx_sys::mlx_metal_is_available) {
+        Some(Backend::Metal)
+    } else if ask(mlx_sys::mlx_cuda_is_available) {
+        Some(Backend::Cuda)
+    } else {
+        None
+    }
 }

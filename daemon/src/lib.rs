@@ -9,7 +9,7 @@
 //! - [`cache_client`]: the connection to the cache manager (register, acquire, donate, orders).
 //! - [`engine`]: the engine thread: the scheduler, requests, the cache side of each request.
 //! - [`error`]: [`EngineError`], the request's fault (400) apart from ours (500).
-//! - [`device`]: Metal GPU where available, else CPU; the compute dtype for each.
+//! - [`device`]: a GPU (Metal, CUDA) where MLX has one, else the CPU; the dtype for each.
 //! - [`model`]: configuration, weights (GGUF), and the Llama-family forward pass.
 //! - [`kv`]: the [`kv::KvStore`] interface attention reads K/V through, and a dense store.
 //! - [`pool`]: the paged KV pool (block tensors, free list, refcounts).
@@ -36,7 +36,7 @@ pub mod sampling_defaults;
 pub mod server;
 pub mod tokenizer;
 
-pub use loader::{Loaded, load};
+pub use loader::{Loaded, load, load_on};
 mod loader;
 
 pub mod error;

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::device::Placement;
+use crate::device::{DeviceChoice, Placement};
 use crate::model::Model;
 use crate::model::gguf::{self, GgufNames};
 use crate::model::safetensors::{self, HfNames};
@@ -18,10 +18,15 @@ pub struct Loaded {
     pub model_id: String,
 }
 
-/// Loads the model at `path` onto the device [`Placement::choose`] picks.
+/// Loads the model at `path` onto the GPU if MLX has one, else the CPU.
 pub fn load(path: &Path) -> Result<Loaded> {
+    load_on(path, DeviceChoice::Auto)
+}
+
+/// Loads the model at `path` onto the device `choice` asks for ([`Placement::choose`]).
+pub fn load_on(path: &Path, choice: DeviceChoice) -> Result<Loaded> {
     let started = Instant::now();
-    let placement = Placement::choose();
+    let placement = Placement::choose(choice).map_err(EngineError::Request)?;
     let shown = path.display().to_string();
     let is_gguf = path
         .extension()

@@ -32,6 +32,16 @@ struct Args {
     #[arg(long, env = "MLXCEL_SOCKET_DIR", value_name = "DIR")]
     socket_dir: Option<PathBuf>,
 
+    /// Where the model runs: `auto` (a GPU if MLX has one: Metal on a Mac, CUDA with MLX's
+    /// CUDA build; else the CPU), `gpu` (or fail) or `cpu`. The startup log names the backend.
+    #[arg(
+        long,
+        env = "MLXCEL_DEVICE",
+        default_value = "auto",
+        value_name = "auto|gpu|cpu"
+    )]
+    device: mlxcel_daemon::device::DeviceChoice,
+
     /// Bytes for the paged KV pool, e.g. 1GiB; `auto` = a quarter of available memory, at most 4 GiB.
     #[arg(long, env = "MLXCEL_KV_POOL_BYTES", default_value = "auto")]
     kv_pool_bytes: String,
@@ -168,6 +178,7 @@ fn run(args: Args) -> Result<(), String> {
         kv_pool_bytes,
         prefill_chunk: args.prefill_chunk.max(1),
         max_running: args.max_batch_size.max(1),
+        device: args.device,
         sampling: OperatorDefaults {
             temperature: args.default_temperature,
             top_p: args.default_top_p,

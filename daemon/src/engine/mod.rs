@@ -51,6 +51,8 @@ pub struct EngineConfig {
     pub kv_pool_bytes: Option<u64>,
     pub prefill_chunk: usize,
     pub max_running: usize,
+    /// Where the model runs.
+    pub device: crate::device::DeviceChoice,
     /// The operator's sampling defaults (the model's own settings come first).
     pub sampling: crate::sampling_defaults::OperatorDefaults,
 }

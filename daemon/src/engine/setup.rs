@@ -29,7 +29,7 @@ impl Engine {
         // Checked before the weights load, so a bad setting fails at once.
         let defaults = crate::sampling_defaults::resolve(&config.model, &config.sampling)?;
         tracing::info!("sampling defaults: {}", defaults.describe());
-        let loaded = crate::load(&config.model)?;
+        let loaded = crate::load_on(&config.model, config.device)?;
         let c = &loaded.model.config;
         let dtype = loaded.model.placement.dtype;
         let mut shape = PoolShape {
