@@ -135,22 +135,30 @@ fn the_children_die_with_serve_when_its_terminal_hangs_up() {
     children_die_with_serve(Signal::SIGHUP);
 }
 
-#[test]
-fn a_port_squatter_is_one_clear_line_and_exit_1() {
-    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = squatter.local_addr().unwrap().port();
+/// Runs `mlxcelctl serve args...` on `port`, with its own sockets and no configuration file,
+/// until it exits by itself.
+fn serve_to_exit(args: &[&std::ffi::OsStr], port: u16) -> std::process::Output {
     let dir = tempfile::Builder::new()
         .prefix("mxq")
         .tempdir_in("/tmp")
         .unwrap();
-    let out = std::process::Command::new(stack::bin("mlxcelctl"))
-        .args(["serve", "--socket-dir"])
+    std::process::Command::new(stack::bin("mlxcelctl"))
+        .arg("serve")
+        .args(args)
+        .arg("--socket-dir")
         .arg(dir.path())
         .env("MLXCEL_PORT", port.to_string())
         .env("XDG_CONFIG_HOME", dir.path())
         .stdin(std::process::Stdio::null())
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_port_squatter_is_one_clear_line_and_exit_1() {
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    let out = serve_to_exit(&[], port);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let line = format!("127.0.0.1:{port} is already in use by another program");
@@ -201,21 +209,10 @@ fn a_child_that_crashes_after_a_good_start_is_restarted_a_bounded_number_of_time
         std::fs::write(&path, STAND_IN).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let dir = tempfile::Builder::new()
-        .prefix("mxc")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let port = http::free_port();
-    let out = std::process::Command::new(stack::bin("mlxcelctl"))
-        .args(["serve", "--bin-dir"])
-        .arg(bins.path())
-        .arg("--socket-dir")
-        .arg(dir.path())
-        .env("MLXCEL_PORT", port.to_string())
-        .env("XDG_CONFIG_HOME", dir.path())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = serve_to_exit(
+        &["--bin-dir".as_ref(), bins.path().as_os_str()],
+        http::free_port(),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.matches("cachemgr ready").count(), 5, "{stderr}");

@@ -6,25 +6,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use mlxcel_ipc::client::connect;
-use mlxcel_ipc::proto::daemon::{
-    DaemonToFrontend, FinishReason, FrontendToDaemon, Generate, Sampling,
-};
-use mlxcel_ipc::{Limits, Role};
-use support::process::Daemon;
+use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, FrontendToDaemon};
+use support::process::{Daemon, frontend, greedy_generate};
 use support::{fixtures, ids, root};
-
-fn generate(request_id: u64, prompt: Vec<u32>, max_tokens: u32) -> FrontendToDaemon {
-    FrontendToDaemon::Generate(Generate {
-        request_id,
-        prompt,
-        max_tokens,
-        stop_ids: vec![],
-        sampling: Sampling::default(),
-        logprobs: false,
-        cache_salt: None,
-    })
-}
 
 /// The bound for an answer that needs no engine step.
 const PROMPT_ANSWER: Duration = Duration::from_millis(100);
@@ -37,18 +21,12 @@ async fn health_info_and_cancel_are_answered_during_a_long_prefill() {
         .unwrap();
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let _d = Daemon::start(dir.path(), &model, &["--kv-pool-bytes", "512MiB"]);
-    let mut c = connect(
-        &dir.path().join("daemon.sock"),
-        Role::Frontend,
-        Limits::new(32 << 20),
-    )
-    .await
-    .unwrap();
+    let mut c = frontend(dir.path()).await;
     let chat = ids(&fixtures()["chats"][0]["prompt_ids"]);
     // ~3,000 tokens: six 512-token prefill steps before its first token.
     let long: Vec<u32> = chat.iter().copied().cycle().take(3000).collect();
-    c.write_frame(&generate(1, long, 2)).await.unwrap();
-    c.write_frame(&generate(2, chat, 8)).await.unwrap();
+    c.write_frame(&greedy_generate(1, long, 2)).await.unwrap();
+    c.write_frame(&greedy_generate(2, chat, 8)).await.unwrap();
     // Until the engine runs them (it publishes its counts before each step).
     loop {
         c.write_frame(&FrontendToDaemon::Health).await.unwrap();

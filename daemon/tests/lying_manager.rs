@@ -8,16 +8,13 @@ mod support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use mlxcel_ipc::client::connect;
 use mlxcel_ipc::proto::cache::{
     CacheToDaemon, DaemonToCache, DonateOutcome, DonatedBlock, Epoch, LeaseId,
 };
-use mlxcel_ipc::proto::daemon::{
-    DaemonHealth, DaemonToFrontend, FrontendToDaemon, Generate, Sampling, Usage,
-};
+use mlxcel_ipc::proto::daemon::{DaemonHealth, DaemonToFrontend, FrontendToDaemon, Usage};
 use mlxcel_ipc::socket::LocalStream;
 use mlxcel_ipc::{BlockId, Connection, Limits, Role, handshake, socket};
-use support::process::Daemon;
+use support::process::{Daemon, frontend, greedy_generate};
 use support::{fixtures, ids, root};
 use tokio::sync::mpsc;
 
@@ -81,16 +78,7 @@ async fn lying_manager(dir: PathBuf, mut answers: mpsc::UnboundedReceiver<Answer
 }
 
 async fn generate(c: &mut Connection<LocalStream>, id: u64, prompt: Vec<u32>) -> (Vec<u32>, Usage) {
-    let req = Generate {
-        request_id: id,
-        prompt,
-        max_tokens: 32,
-        stop_ids: vec![],
-        sampling: Sampling::default(),
-        logprobs: false,
-        cache_salt: None,
-    };
-    c.write_frame(&FrontendToDaemon::Generate(req))
+    c.write_frame(&greedy_generate(id, prompt, 32))
         .await
         .unwrap();
     let mut tokens = Vec::new();
@@ -128,13 +116,7 @@ async fn lies_of_the_cache_manager_are_refused_counted_and_change_no_answer() {
     // A generous acquire budget: this test is about what the answers say, not when they come.
     let args = ["--kv-pool-bytes", "64MiB", "--acquire-timeout", "60s"];
     let _d = Daemon::start(dir.path(), &model, &args);
-    let mut c = connect(
-        &dir.path().join("daemon.sock"),
-        Role::Frontend,
-        Limits::new(32 << 20),
-    )
-    .await
-    .unwrap();
+    let mut c = frontend(dir.path()).await;
     // Registered: the daemon asks for prefixes only then.
     while !health(&mut c).await.cachemgr_connected {
         tokio::task::yield_now().await;

@@ -4,20 +4,12 @@
 
 mod support;
 
-use mlxcel_ipc::client::connect;
 use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FrontendToDaemon, SamplingDefaults};
-use mlxcel_ipc::{Limits, Role};
-use support::process::{Daemon, run_to_exit};
+use support::process::{Daemon, frontend, run_to_exit};
 use support::{HfDir, root, write_hf_dir};
 
 async fn defaults_of(dir: &std::path::Path) -> SamplingDefaults {
-    let mut c = connect(
-        &dir.join("daemon.sock"),
-        Role::Frontend,
-        Limits::new(32 << 20),
-    )
-    .await
-    .expect("connect");
+    let mut c = frontend(dir).await;
     c.write_frame(&FrontendToDaemon::Info).await.unwrap();
     match c.read_frame::<DaemonToFrontend>().await.unwrap() {
         Some(DaemonToFrontend::Info(info)) => info.sampling_defaults,

@@ -55,3 +55,33 @@ pub fn run_to_exit(dir: &Path, model: &Path, args: &[&str]) -> Output {
         .output()
         .expect("run mlxcel-daemon")
 }
+
+/// A front end's connection to the daemon whose sockets are in `dir`.
+pub async fn frontend(dir: &Path) -> mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream> {
+    use mlxcel_ipc::{Limits, Role};
+    mlxcel_ipc::client::connect(
+        &dir.join("daemon.sock"),
+        Role::Frontend,
+        Limits::new(32 << 20),
+    )
+    .await
+    .expect("connect to the daemon")
+}
+
+/// A greedy request for `max_tokens` tokens, no stop ids, no log-probabilities.
+pub fn greedy_generate(
+    request_id: u64,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+) -> mlxcel_ipc::proto::daemon::FrontendToDaemon {
+    use mlxcel_ipc::proto::daemon::{FrontendToDaemon, Generate, Sampling};
+    FrontendToDaemon::Generate(Generate {
+        request_id,
+        prompt,
+        max_tokens,
+        stop_ids: vec![],
+        sampling: Sampling::default(),
+        logprobs: false,
+        cache_salt: None,
+    })
+}
