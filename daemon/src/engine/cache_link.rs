@@ -93,7 +93,7 @@ impl CacheLink {
     ) -> Vec<BlockId> {
         let mut mapped = Vec::new();
         for (i, &b) in blocks.iter().enumerate().take(usable) {
-            if hashes.get(i).is_some() && self.held.get(&b) == hashes.get(i) {
+            if hashes.get(i).is_some_and(|h| self.held.get(&b) == Some(h)) {
                 pool.retain(b);
                 mapped.push(b);
             } else {
