@@ -186,6 +186,13 @@ pub const KEYS: &[Key] = &[
     ),
     key(
         Daemon,
+        "cache-capacity",
+        "MLXCEL_CACHE_CAPACITY",
+        Some("2GiB"),
+        Size,
+    ),
+    key(
+        Daemon,
         "block-tokens",
         "MLXCEL_BLOCK_TOKENS",
         Some("32"),

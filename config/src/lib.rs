@@ -29,4 +29,4 @@ pub mod resolve;
 
 pub use file::{ConfigError, ConfigFile};
 pub use keys::{KEYS, Key, Kind, Section};
-pub use resolve::{Setting, Source, apply_file_to_env, effective};
+pub use resolve::{Setting, Source, apply_file_to_env, apply_shared_key_to_env, effective};

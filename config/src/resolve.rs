@@ -116,6 +116,23 @@ pub fn apply_file_to_env(process: Section) -> Result<Option<PathBuf>, ConfigErro
     Ok(Some(file.path))
 }
 
+/// Also applies `owner`'s key `name` from the file to the environment when unset: a setting
+/// another process reads too (the daemon sizes its pool for the cache manager's capacity).
+pub fn apply_shared_key_to_env(owner: Section, name: &str) -> Result<(), ConfigError> {
+    let Some(file) = ConfigFile::load()? else {
+        return Ok(());
+    };
+    let Some(key) = keys_of(owner).find(|k| k.section == owner && k.name == name) else {
+        return Ok(());
+    };
+    let unset = std::env::var_os(key.env).is_none_or(|v| v.is_empty());
+    if let (true, Some(entry)) = (unset, file.value(owner, key)) {
+        // SAFETY: as in `apply_file_to_env`, called before any thread starts.
+        unsafe { std::env::set_var(key.env, &entry.value) };
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

@@ -126,6 +126,19 @@ pub fn stats(s: &CacheStats) -> String {
         }
         None => row("daemon", "none registered".into()),
     }
+    if let Some(resident) = s.daemon_pool_bytes_measured {
+        let used = s.used_bytes;
+        row(
+            "kv memory",
+            format!(
+                "{} resident in the daemon's pool for {} cached (ceiling {}); MLX active {}",
+                format_size(resident),
+                format_size(used),
+                format_size(s.pool_bytes_expected),
+                s.daemon_active_bytes.map_or("unknown".into(), format_size)
+            ),
+        );
+    }
     row(
         "drift",
         match s.last_reconcile_ms_ago {

@@ -235,7 +235,7 @@ fn render(s: &Status) -> String {
     if let Some(h) = &s.daemon {
         let p = &h.pool;
         out.push_str(&format!(
-            "pool      {} blocks of {} ({} measured): {} free, {} held for the cache; {} running, {} waiting\n",
+            "pool      ceiling {} blocks of {} ({} resident): {} free, {} held for the cache; {} running, {} waiting\n",
             p.total_blocks,
             format_size(p.block_bytes),
             format_size(p.pool_bytes_measured),
@@ -243,6 +243,17 @@ fn render(s: &Status) -> String {
             p.cache_blocks,
             h.running,
             h.waiting
+        ));
+        let [cache, running, free] = p.kv_resident_split();
+        out.push_str(&format!(
+            "memory    KV resident {} ({} cache, {} running, {} free not yet returned), measured {} (MLX active - weights); weights {}, daemon RSS {}\n",
+            format_size(cache + running + free),
+            format_size(cache),
+            format_size(running),
+            format_size(free),
+            format_size(p.kv_measured_bytes()),
+            format_size(p.weights_bytes),
+            format_size(p.process_resident_bytes)
         ));
     }
     if let Some(c) = &s.cache {

@@ -25,8 +25,10 @@ pub trait KvStore {
     }
 
     /// Stores `k` and `v` (`[1, kv_heads, new_tokens, head_dim]`) for `layer` and returns all
-    /// keys and values of the sequence for that layer (`[1, kv_heads, len + new, head_dim]`).
-    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)>;
+    /// keys and values of the sequence for that layer, in order, as one or more spans (`[1,
+    /// kv_heads, n_i, head_dim]` each) that together cover at least `len + new` positions; the
+    /// caller masks any past that (a paged store returns whole blocks, read in place).
+    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<Vec<(Array, Array)>>;
 
     /// Marks `tokens` new tokens as stored, after every layer has appended them.
     fn commit(&mut self, tokens: usize);
@@ -43,14 +45,11 @@ pub trait BatchKv {
     /// Makes room for one token in every sequence.
     fn reserve(&mut self) -> Result<()>;
 
-    /// Stores each sequence's new row (`ks[i]`, `vs[i]`: `[1, kv_heads, 1, head_dim]`) for
-    /// `layer` and returns each sequence's keys and values.
-    fn append_all(
-        &mut self,
-        layer: usize,
-        ks: Vec<Array>,
-        vs: Vec<Array>,
-    ) -> Result<Vec<(Array, Array)>>;
+    /// Stores each sequence's new row (`k`, `v`: `[batch, kv_heads, 1, head_dim]`) for `layer`
+    /// and returns every sequence's keys and values padded to one length, heads first:
+    /// `[kv_heads, batch, keys, head_dim]`; the caller masks positions at or past
+    /// `lens()[i] + 1` in row `i`.
+    fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)>;
 
     /// Marks the token as stored in every sequence, after every layer has appended it.
     fn commit(&mut self);
@@ -78,7 +77,7 @@ impl KvStore for DenseKv {
         self.len
     }
 
-    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
+    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<Vec<(Array, Array)>> {
         let slot = &mut self.layers[layer];
         let (k, v) = match slot.take() {
             Some((pk, pv)) => (
@@ -88,7 +87,7 @@ impl KvStore for DenseKv {
             None => (k, v),
         };
         *slot = Some((k.clone(), v.clone()));
-        Ok((k, v))
+        Ok(vec![(k, v)])
     }
 
     fn commit(&mut self, tokens: usize) {

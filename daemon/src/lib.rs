@@ -27,6 +27,7 @@ pub mod device;
 pub mod engine;
 pub mod export;
 pub mod generate;
+pub mod host_memory;
 pub mod kv;
 pub mod model;
 pub mod paged;

@@ -42,9 +42,17 @@ struct Args {
     )]
     device: mlxcel_daemon::device::DeviceChoice,
 
-    /// Bytes for the paged KV pool, e.g. 1GiB; `auto` = a quarter of available memory, at most 4 GiB.
+    /// The most memory the paged KV pool may take, e.g. 1GiB (a ceiling: blocks take memory
+    /// as they are used and give it back when freed). `auto` = the cache capacity plus
+    /// --max-batch-size full contexts, at most half of physical memory; the startup log shows
+    /// the figures. A ceiling above physical memory is refused.
     #[arg(long, env = "MLXCEL_KV_POOL_BYTES", default_value = "auto")]
     kv_pool_bytes: String,
+
+    /// The cache manager's capacity (the same setting it reads), which an `auto` pool ceiling
+    /// makes room for.
+    #[arg(long, env = "MLXCEL_CACHE_CAPACITY", default_value = "2GiB", value_parser = parse_size, value_name = "SIZE")]
+    cache_capacity: u64,
 
     /// Tokens per KV block (the unit the cache manager books).
     #[arg(long, env = "MLXCEL_BLOCK_TOKENS", default_value_t = 32)]
@@ -137,7 +145,10 @@ fn resolve_model(arg: &str) -> Result<PathBuf, String> {
 
 fn main() -> ExitCode {
     // The configuration file reaches the flags through their environment variables.
-    let config_file = match mlxcel_config::apply_file_to_env(Section::Daemon) {
+    let config_file = match mlxcel_config::apply_file_to_env(Section::Daemon).and_then(|path| {
+        mlxcel_config::apply_shared_key_to_env(Section::Cachemgr, "capacity-bytes")?;
+        Ok(path)
+    }) {
         Ok(path) => path,
         Err(e) => {
             eprintln!("mlxcel-daemon: {e}");
@@ -160,6 +171,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    mlxcel_daemon::host_memory::return_freed_memory();
     let model = resolve_model(&args.model)?;
     if let Some(dir) = &args.export_mlx {
         return export(&model, dir);
@@ -176,6 +188,7 @@ fn run(args: Args) -> Result<(), String> {
         model,
         block_tokens: args.block_tokens.max(1),
         kv_pool_bytes,
+        cache_capacity: args.cache_capacity,
         prefill_chunk: args.prefill_chunk.max(1),
         max_running: args.max_batch_size.max(1),
         device: args.device,

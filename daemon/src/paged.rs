@@ -4,12 +4,16 @@
 //! The first blocks may be shared (mapped from the prefix cache, refcount +1): their rows are
 //! only read. Before each forward pass the caller reserves room for the new tokens
 //! ([`PagedSeq::reserve`]), which is where the pool can say "not now".
+//!
+//! Reads return whole blocks: a sequence of `len` tokens gets `ceil(len / block_tokens)` blocks
+//! of keys, and attention masks the positions past `len` (the model builds that mask from the
+//! lengths).
 
 use mlx_rs::Array;
 
 use crate::Result;
 use crate::kv::{BatchKv, KvStore};
-use crate::pool::{BlockId, BlockPool, GatherIndex};
+use crate::pool::{BlockId, BlockPool, Gather};
 
 /// One sequence's blocks and length.
 #[derive(Debug, Default, Clone)]
@@ -51,43 +55,35 @@ impl PagedSeq {
         self.len = 0;
     }
 
-    /// Pool row ids of positions `from..to`.
-    fn rows(&self, bt: usize, from: usize, to: usize) -> Array {
-        let rows: Vec<i32> = (from..to)
-            .map(|p| (self.table[p / bt] as usize * bt + p % bt) as i32)
-            .collect();
-        Array::from_slice(&rows, &[rows.len() as i32])
+    /// (block, position in block) of positions `from..to`.
+    fn at(&self, bt: usize, from: usize, to: usize) -> Vec<(BlockId, usize)> {
+        (from..to).map(|p| (self.table[p / bt], p % bt)).collect()
     }
 
-    /// The gather index of positions `0..len` (see [`GatherIndex`]).
-    pub fn gather_index(&self, pool: &BlockPool, len: usize) -> GatherIndex {
-        GatherIndex::new(&pool.shape(), &self.table, len)
+    /// The plan to read positions `0..len` (whole blocks; see [`Gather`]).
+    pub fn gather(&self, pool: &BlockPool, len: usize) -> Result<Gather> {
+        let blocks = len.div_ceil(pool.shape().block_tokens);
+        Gather::new(pool, &[&self.table[..blocks.min(self.table.len())]], blocks)
     }
 
     /// A [`KvStore`] over `pool` for one forward pass.
     pub fn store<'a>(&'a mut self, pool: &'a mut BlockPool) -> PagedStore<'a> {
-        PagedStore {
-            seq: self,
-            pool,
-            index: None,
-        }
+        PagedStore { seq: self, pool }
     }
 }
 
-/// [`KvStore`] backed by the pool (see [`PagedSeq::store`]).
+/// [`KvStore`] backed by the pool (see [`PagedSeq::store`]): reads are views of the slabs.
 pub struct PagedStore<'a> {
     seq: &'a mut PagedSeq,
     pool: &'a mut BlockPool,
-    /// The current pass's gather index, built by its first layer.
-    index: Option<GatherIndex>,
 }
 
 /// [`BatchKv`] over the pool for several sequences (one batched decode step).
 pub struct PagedBatch<'a> {
     seqs: Vec<&'a mut PagedSeq>,
     pool: &'a mut BlockPool,
-    /// Each sequence's gather index for this step, built by the first layer.
-    indexes: Vec<GatherIndex>,
+    /// This step's gather plan, built by the first layer.
+    plan: Option<Gather>,
 }
 
 impl<'a> PagedBatch<'a> {
@@ -96,7 +92,7 @@ impl<'a> PagedBatch<'a> {
         Self {
             seqs,
             pool,
-            indexes: Vec::new(),
+            plan: None,
         }
     }
 }
@@ -113,40 +109,46 @@ impl BatchKv for PagedBatch<'_> {
         Ok(())
     }
 
-    fn append_all(
-        &mut self,
-        layer: usize,
-        ks: Vec<Array>,
-        vs: Vec<Array>,
-    ) -> Result<Vec<(Array, Array)>> {
+    fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
         let bt = self.pool.shape().block_tokens;
-        let rows: Vec<i32> = self
+        for s in &self.seqs {
+            if s.len >= s.table.len() * bt {
+                return Err(no_room(1, s.len));
+            }
+        }
+        let at: Vec<(BlockId, usize)> = self
             .seqs
             .iter()
-            .map(|s| (s.table[s.len / bt] as usize * bt + s.len % bt) as i32)
+            .map(|s| (s.table[s.len / bt], s.len % bt))
             .collect();
-        let rows = Array::from_slice(&rows, &[rows.len() as i32]);
-        let k = mlx_rs::ops::concatenate(&ks, 2)?;
-        let v = mlx_rs::ops::concatenate(&vs, 2)?;
-        self.pool.write(layer, &rows, &k, &v)?;
-        if self.indexes.is_empty() {
-            self.indexes = self
+        // [batch, kv_heads, 1, head_dim] -> [kv_heads, batch, head_dim]
+        let heads_first = |x: Array| -> Result<Array> {
+            let s = x.shape().to_vec();
+            Ok(x.reshape(&[s[0], s[1], s[3]])?.swap_axes(0, 1)?)
+        };
+        self.pool
+            .write(layer, &at, &heads_first(k)?, &heads_first(v)?)?;
+        if self.plan.is_none() {
+            let blocks = self
                 .seqs
                 .iter()
-                .map(|s| s.gather_index(self.pool, s.len + 1))
-                .collect();
+                .map(|s| (s.len + 1).div_ceil(bt))
+                .max()
+                .unwrap_or(0);
+            let tables: Vec<&[BlockId]> = self.seqs.iter().map(|s| s.table.as_slice()).collect();
+            self.plan = Some(Gather::new(self.pool, &tables, blocks)?);
         }
-        self.indexes
-            .iter()
-            .map(|index| self.pool.read(layer, index))
-            .collect()
+        match &self.plan {
+            Some(plan) => self.pool.gather(layer, plan),
+            None => Err(crate::EngineError::Internal("no gather plan".into())),
+        }
     }
 
     fn commit(&mut self) {
         for s in self.seqs.iter_mut() {
             s.len += 1;
         }
-        self.indexes.clear();
+        self.plan = None;
     }
 }
 
@@ -161,28 +163,10 @@ fn reserve_in(seq: &mut PagedSeq, pool: &mut BlockPool, tokens: usize) -> Result
     }
 }
 
-fn append_in(
-    seq: &PagedSeq,
-    pool: &mut BlockPool,
-    index: &mut Option<GatherIndex>,
-    layer: usize,
-    k: Array,
-    v: Array,
-) -> Result<(Array, Array)> {
-    let t = k.shape()[2] as usize;
-    let bt = pool.shape().block_tokens;
-    let (start, end) = (seq.len, seq.len + t);
-    if end > seq.table.len() * bt {
-        return Err(crate::EngineError::Request(format!(
-            "no room reserved for {t} tokens at position {start} (call PagedSeq::reserve first)"
-        )));
-    }
-    pool.write(layer, &seq.rows(bt, start, end), &k, &v)?;
-    let index = match index {
-        Some(index) if index.len() == end => index,
-        _ => index.insert(seq.gather_index(pool, end)),
-    };
-    pool.read(layer, index)
+fn no_room(t: usize, start: usize) -> crate::EngineError {
+    crate::EngineError::Request(format!(
+        "no room reserved for {t} tokens at position {start} (call PagedSeq::reserve first)"
+    ))
 }
 
 impl KvStore for PagedStore<'_> {
@@ -194,12 +178,20 @@ impl KvStore for PagedStore<'_> {
         reserve_in(self.seq, self.pool, tokens)
     }
 
-    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
-        append_in(self.seq, self.pool, &mut self.index, layer, k, v)
+    fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<Vec<(Array, Array)>> {
+        let t = k.shape()[2] as usize;
+        let bt = self.pool.shape().block_tokens;
+        let (start, end) = (self.seq.len, self.seq.len + t);
+        if end > self.seq.table.len() * bt {
+            return Err(no_room(t, start));
+        }
+        let at = self.seq.at(bt, start, end);
+        self.pool
+            .write(layer, &at, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
+        self.pool.spans(layer, &self.seq.table, end.div_ceil(bt))
     }
 
     fn commit(&mut self, tokens: usize) {
         self.seq.len += tokens;
-        self.index = None;
     }
 }

@@ -1,13 +1,26 @@
-//! The paged KV pool: per layer one K and one V tensor of `[num_blocks, block_tokens, kv_heads,
-//! head_dim]`; a block id indexes every layer. The allocator keeps a free list and a refcount per
-//! block (one per sequence using it, one while the cache manager retains it).
+//! The paged KV pool: block ids index every layer; the memory behind them lives in slabs taken
+//! on first use and given back when empty, so what the process holds follows what is held.
+//!
+//! - `num_blocks` is a ceiling, not an allocation: an idle pool holds no memory.
+//! - Allocation hands out the lowest free ids, so new blocks fill the lowest slabs and the
+//!   highest drain; a slab whose last block is released is dropped and MLX's buffer cache is
+//!   cleared, so the memory really leaves.
+//! - A refcount per block (one per sequence using it, one while the cache manager retains it).
 //!
 //! Allocation returns `None` when the pool is short ("not now": the scheduler waits, asks the
-//! cache manager to reclaim, or preempts). A double free or refcount underflow is a bug: it
-//! panics in debug builds and is counted (and ignored) in release builds.
+//! cache manager to reclaim, or preempts), also when a slab cannot be allocated. A double free
+//! or refcount underflow is a bug: it panics in debug builds and is counted (and ignored) in
+//! release builds.
 
-use mlx_rs::ops::indexing::TryIndexMutOp;
+mod gather;
+mod slab;
+
+use std::collections::BTreeSet;
+
 use mlx_rs::{Array, Dtype, ops};
+
+pub use gather::Gather;
+use slab::Slab;
 
 use crate::Result;
 
@@ -18,6 +31,7 @@ pub type BlockId = u32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolShape {
     pub layers: usize,
+    /// The ceiling, in blocks.
     pub num_blocks: u32,
     pub block_tokens: usize,
     pub kv_heads: usize,
@@ -28,11 +42,17 @@ pub struct PoolShape {
 impl PoolShape {
     /// Real bytes of one block across all layers (K and V).
     pub fn block_bytes(&self) -> usize {
-        2 * self.layers
-            * self.block_tokens
-            * self.kv_heads
-            * self.head_dim
-            * dtype_bytes(self.dtype)
+        2 * self.layers * self.chunk_elems() * dtype_bytes(self.dtype)
+    }
+
+    /// Elements of one block of one layer, K or V (`kv_heads × block_tokens × head_dim`).
+    pub(crate) fn chunk_elems(&self) -> usize {
+        self.block_tokens * self.kv_heads * self.head_dim
+    }
+
+    /// Elements of one head of one block of one layer, K or V: what a gather copies at once.
+    pub(crate) fn head_chunk_elems(&self) -> usize {
+        self.block_tokens * self.head_dim
     }
 }
 
@@ -46,41 +66,45 @@ pub fn dtype_bytes(dtype: Dtype) -> usize {
     }
 }
 
+/// The default slab size: big enough that a gather rarely spans slabs, small enough that an
+/// almost empty slab holds little (the footprint rules allow 64 MiB of slack).
+pub const SLAB_BYTES: usize = 32 << 20;
+
 /// Counters of allocator misuse (should stay 0).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolBugs {
     pub double_frees: u64,
 }
 
-/// The pool tensors and their allocator.
+/// The slabs and their allocator.
 pub struct BlockPool {
     shape: PoolShape,
-    /// Per layer, K and V as flat rows: `[num_blocks * block_tokens, kv_heads, head_dim]`.
-    layers: Vec<(Array, Array)>,
+    /// Blocks per slab (the last slab may be shorter).
+    slab_blocks: u32,
+    slabs: Vec<Option<Slab>>,
     refcount: Vec<u32>,
-    free: Vec<BlockId>,
+    free: BTreeSet<BlockId>,
     bugs: PoolBugs,
 }
 
 impl BlockPool {
-    /// Allocates the pool tensors (zeroed) for `shape`.
+    /// A pool of at most `shape.num_blocks` blocks in slabs of about [`SLAB_BYTES`]; it holds
+    /// no memory until blocks are allocated.
     pub fn new(shape: PoolShape) -> Result<BlockPool> {
-        let rows = shape.num_blocks as i32 * shape.block_tokens as i32;
-        let dims = [rows, shape.kv_heads as i32, shape.head_dim as i32];
-        let mut layers = Vec::with_capacity(shape.layers);
-        for _ in 0..shape.layers {
-            let k = ops::zeros_dtype(&dims, shape.dtype)?;
-            let v = ops::zeros_dtype(&dims, shape.dtype)?;
-            k.eval()?;
-            v.eval()?;
-            layers.push((k, v));
-        }
+        let per_slab = (SLAB_BYTES / shape.block_bytes().max(1)).max(1) as u32;
+        Self::with_slab_blocks(shape, per_slab)
+    }
+
+    /// A pool with `slab_blocks` blocks per slab.
+    pub fn with_slab_blocks(shape: PoolShape, slab_blocks: u32) -> Result<BlockPool> {
+        let slab_blocks = slab_blocks.clamp(1, shape.num_blocks.max(1));
+        let slabs = shape.num_blocks.div_ceil(slab_blocks) as usize;
         Ok(BlockPool {
             shape,
-            layers,
+            slab_blocks,
+            slabs: (0..slabs).map(|_| None).collect(),
             refcount: vec![0; shape.num_blocks as usize],
-            // Popped from the end: hand out low ids first.
-            free: (0..shape.num_blocks).rev().collect(),
+            free: (0..shape.num_blocks).collect(),
             bugs: PoolBugs::default(),
         })
     }
@@ -90,18 +114,33 @@ impl BlockPool {
         self.shape
     }
 
-    /// Blocks on the free list.
+    /// Blocks per slab.
+    pub fn slab_blocks(&self) -> u32 {
+        self.slab_blocks
+    }
+
+    /// Blocks on the free list (up to the ceiling, resident or not).
     pub fn free_blocks(&self) -> u32 {
         self.free.len() as u32
     }
 
-    /// Bytes of the pool tensors as MLX reports them (an independent check of
-    /// `num_blocks × block_bytes`).
-    pub fn measured_bytes(&self) -> u64 {
-        self.layers
-            .iter()
-            .map(|(k, v)| (k.nbytes() + v.nbytes()) as u64)
+    /// Slabs that hold memory now.
+    pub fn resident_slabs(&self) -> usize {
+        self.slabs.iter().flatten().count()
+    }
+
+    /// Blocks whose memory is resident (held or not).
+    pub fn resident_blocks(&self) -> u32 {
+        (0..self.slabs.len())
+            .filter(|&s| self.slabs[s].is_some())
+            .map(|s| self.slab_len(s))
             .sum()
+    }
+
+    /// Bytes of the resident slabs as MLX reports them for its arrays (an independent check
+    /// of `resident_blocks × block_bytes`).
+    pub fn measured_bytes(&self) -> u64 {
+        self.slabs.iter().flatten().map(Slab::nbytes).sum()
     }
 
     /// Misuse counters.
@@ -114,14 +153,34 @@ impl BlockPool {
         self.refcount.get(block as usize).copied().unwrap_or(0)
     }
 
-    /// Takes `n` free blocks (refcount 1 each), or none at all if fewer are free.
+    /// Takes the `n` lowest free blocks (refcount 1 each), or none at all if fewer are free
+    /// or a slab cannot be allocated.
     pub fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
         if self.free.len() < n {
             return None;
         }
-        let blocks = self.free.split_off(self.free.len() - n);
+        let blocks: Vec<BlockId> = self.free.iter().take(n).copied().collect();
         for &b in &blocks {
+            let s = self.slab_of(b);
+            if self.slabs[s].is_none() {
+                let len = self.slab_len(s);
+                match Slab::new(&self.shape, len) {
+                    Ok(slab) => self.slabs[s] = Some(slab),
+                    Err(e) => {
+                        tracing::error!(slab = s, error = %e, "cannot allocate a KV slab");
+                        self.drop_empty_slabs();
+                        return None;
+                    }
+                }
+            }
+        }
+        for &b in &blocks {
+            self.free.remove(&b);
             self.refcount[b as usize] = 1;
+            let s = self.slab_of(b);
+            if let Some(slab) = self.slabs[s].as_mut() {
+                slab.held += 1;
+            }
         }
         Some(blocks)
     }
@@ -133,7 +192,8 @@ impl BlockPool {
         *r += 1;
     }
 
-    /// Drops a reference; the block returns to the free list at zero.
+    /// Drops a reference; the block returns to the free list at zero, and its slab's memory
+    /// goes back when it was the slab's last.
     pub fn release(&mut self, block: BlockId) {
         let r = &mut self.refcount[block as usize];
         if *r == 0 {
@@ -142,71 +202,127 @@ impl BlockPool {
             return;
         }
         *r -= 1;
-        if *r == 0 {
-            self.free.push(block);
+        if *r > 0 {
+            return;
+        }
+        self.free.insert(block);
+        let s = self.slab_of(block);
+        if let Some(slab) = self.slabs[s].as_mut() {
+            slab.held -= 1;
+            if slab.held == 0 {
+                self.drop_empty_slabs();
+            }
         }
     }
 
-    /// Writes `k`, `v` (`[1, kv_heads, t, head_dim]`) of `layer` into pool `rows` (`t` row ids).
-    pub fn write(&mut self, layer: usize, rows: &Array, k: &Array, v: &Array) -> Result<()> {
-        let (pk, pv) = &mut self.layers[layer];
-        let k = k.squeeze_axes(&[0])?.swap_axes(0, 1)?;
-        let v = v.squeeze_axes(&[0])?.swap_axes(0, 1)?;
-        pk.try_index_mut(rows.clone(), k)?;
-        pv.try_index_mut(rows.clone(), v)?;
+    /// Writes `k`, `v` (`[kv_heads, n, head_dim]`) of `layer` at `at[i]` = (block, position in
+    /// the block) for token `i`: one update per slab touched.
+    pub fn write(
+        &mut self,
+        layer: usize,
+        at: &[(BlockId, usize)],
+        k: &Array,
+        v: &Array,
+    ) -> Result<()> {
+        let (kvh, bt, hd) = (
+            self.shape.kv_heads,
+            self.shape.block_tokens,
+            self.shape.head_dim,
+        );
+        // [2 * kv_heads, n, head_dim]: K heads then V heads.
+        let values = ops::concatenate(&[k, v], 0)?;
+        let mut touched: Vec<usize> = at.iter().map(|&(b, _)| self.slab_of(b)).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        let single = touched.len() == 1;
+        for s in touched {
+            let (base, len) = (s as u32 * self.slab_blocks, self.slab_len(s) as usize);
+            let mine: Vec<usize> = (0..at.len())
+                .filter(|&i| self.slab_of(at[i].0) == s)
+                .collect();
+            let mut rows = Vec::with_capacity(2 * kvh * mine.len());
+            for half in 0..2 {
+                for h in 0..kvh {
+                    rows.extend(mine.iter().map(|&i| {
+                        let (b, p) = at[i];
+                        let chunk = (half * kvh + h) * len + (b - base) as usize;
+                        (chunk * bt + p) as i32
+                    }));
+                }
+            }
+            let part = if single {
+                values.clone()
+            } else {
+                let idx: Vec<i32> = mine.iter().map(|&i| i as i32).collect();
+                values.take_axis(Array::from_slice(&idx, &[idx.len() as i32]), 1)?
+            };
+            let part = part.reshape(&[-1, hd as i32])?;
+            let rows = Array::from_slice(&rows, &[rows.len() as i32]);
+            let Some(slab) = self.slabs[s].as_mut() else {
+                return Err(crate::EngineError::Internal(format!(
+                    "write into slab {s}, which holds no block"
+                )));
+            };
+            slab.write(layer, &rows, &part)?;
+        }
         Ok(())
     }
 
-    /// Reads `layer`'s keys and values at `index` (a [`GatherIndex`]) as `[1, kv_heads, len,
-    /// head_dim]` each, contiguous: one row copy per (head, position), no transpose left for
-    /// attention to copy again.
-    pub fn read(&self, layer: usize, index: &GatherIndex) -> Result<(Array, Array)> {
-        let (pk, pv) = &self.layers[layer];
-        let (kvh, hd) = (self.shape.kv_heads as i32, self.shape.head_dim as i32);
-        let gather = |p: &Array| -> Result<Array> {
-            Ok(p.reshape(&[-1, hd])?.take_axis(&index.rows, 0)?.reshape(&[
-                1,
-                kvh,
-                index.len as i32,
-                hd,
-            ])?)
-        };
-        Ok((gather(pk)?, gather(pv)?))
-    }
-}
-
-/// Where a sequence's first `len` positions live in the pool, head-major: row `h * len + p` of
-/// the gather is head `h` of position `p`, read from a layer viewed as `[rows * kv_heads,
-/// head_dim]`. Every layer shares it, so it is built once per forward pass.
-pub struct GatherIndex {
-    rows: Array,
-    len: usize,
-}
-
-impl GatherIndex {
-    /// The index of positions `0..len` of a sequence whose block table is `table`.
-    pub fn new(shape: &PoolShape, table: &[BlockId], len: usize) -> GatherIndex {
-        let (bt, kvh) = (shape.block_tokens, shape.kv_heads);
-        let mut rows = Vec::with_capacity(kvh * len);
-        for h in 0..kvh {
-            rows.extend(
-                (0..len).map(|p| ((table[p / bt] as usize * bt + p % bt) * kvh + h) as i32),
-            );
+    /// `layer`'s K and V of the first `blocks` blocks of `table`, as views of the slabs (no
+    /// copy): one `[1, kv_heads, n × block_tokens, head_dim]` pair per run of consecutive ids
+    /// in one slab, in sequence order.
+    pub fn spans(
+        &self,
+        layer: usize,
+        table: &[BlockId],
+        blocks: usize,
+    ) -> Result<Vec<(Array, Array)>> {
+        let table = &table[..blocks.min(table.len())];
+        let mut spans = Vec::new();
+        let mut start = 0;
+        for end in 1..=table.len() {
+            let breaks = end == table.len()
+                || table[end] != table[end - 1] + 1
+                || self.slab_of(table[end]) != self.slab_of(table[start]);
+            if !breaks {
+                continue;
+            }
+            let s = self.slab_of(table[start]);
+            let base = s as u32 * self.slab_blocks;
+            let Some(slab) = self.slabs[s].as_ref() else {
+                return Err(crate::EngineError::Internal(
+                    "a read from a slab that holds no block".into(),
+                ));
+            };
+            let (from, to) = (table[start] - base, table[end - 1] - base + 1);
+            spans.push(slab.span(layer, &self.shape, self.slab_len(s), from, to)?);
+            start = end;
         }
-        let n = rows.len() as i32;
-        GatherIndex {
-            rows: Array::from_slice(&rows, &[n]),
-            len,
+        Ok(spans)
+    }
+
+    fn slab_of(&self, block: BlockId) -> usize {
+        (block / self.slab_blocks) as usize
+    }
+
+    fn slab_len(&self, s: usize) -> u32 {
+        let base = s as u32 * self.slab_blocks;
+        self.slab_blocks.min(self.shape.num_blocks - base)
+    }
+
+    fn drop_empty_slabs(&mut self) {
+        let mut dropped = false;
+        for slab in self.slabs.iter_mut() {
+            if slab.as_ref().is_some_and(|s| s.held == 0) {
+                *slab = None;
+                dropped = true;
+            }
         }
-    }
-
-    /// Positions covered.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it covers no position.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+        if dropped {
+            // Freed arrays stay in MLX's buffer cache until it is cleared.
+            if let Err(e) = mlx_rs::memory::clear_cache() {
+                tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
+            }
+        }
     }
 }

@@ -103,8 +103,10 @@ fn a_full_pool_says_not_now_without_taking_more_blocks() {
 }
 
 #[test]
-fn measured_pool_bytes_equal_the_cache_managers_formula() {
-    let pool = BlockPool::new(shape(30, 10, 32)).unwrap();
+fn measured_pool_bytes_equal_the_cache_managers_formula_when_every_block_is_held() {
+    let mut pool = BlockPool::new(shape(30, 10, 32)).unwrap();
+    assert_eq!(pool.measured_bytes(), 0, "an idle pool holds nothing");
+    let blocks = pool.allocate(10).unwrap();
     let geometry = mlxcel_ipc::Geometry {
         model_id: "m".into(),
         layers: 30,
@@ -119,6 +121,8 @@ fn measured_pool_bytes_equal_the_cache_managers_formula() {
         pool.shape().block_bytes() as u64,
         geometry.block_bytes().unwrap()
     );
+    blocks.into_iter().for_each(|b| pool.release(b));
+    assert_eq!(pool.measured_bytes(), 0, "released slabs are dropped");
 }
 
 #[test]

@@ -55,6 +55,7 @@ impl Cache {
             rejected_inventories: r.rejected_reports,
             last_reconcile_ms_ago: r.last_at.map(|t| ms(now - t)),
             daemon_pool_bytes_measured: r.pool_bytes_measured,
+            daemon_active_bytes: r.engine_active_bytes,
             pool_bytes_expected: self
                 .daemon
                 .as_ref()

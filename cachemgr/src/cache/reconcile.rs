@@ -22,6 +22,7 @@ pub(super) struct State {
     pub(super) last_at: Option<Instant>,
     pub(super) drift_blocks: u64,
     pub(super) pool_bytes_measured: Option<u64>,
+    pub(super) engine_active_bytes: Option<u64>,
     pub(super) free_blocks: Option<u64>,
     /// Inventory reports refused as impossible for the registered pool.
     pub(super) rejected_reports: u64,
@@ -113,13 +114,18 @@ impl Cache {
         self.reconcile.last_at = Some(now);
         self.reconcile.drift_blocks = drift_blocks;
         self.reconcile.pool_bytes_measured = Some(report.pool_bytes_measured);
+        self.reconcile.engine_active_bytes = Some(report.engine_active_bytes);
         self.reconcile.free_blocks = Some(u64::from(report.free_blocks));
         let expected_pool = daemon.geometry.pool_bytes().unwrap_or(0);
-        if report.pool_bytes_measured != 0 && report.pool_bytes_measured != expected_pool {
+        // The pool takes memory as blocks are used: what it measures is at most its ceiling
+        // and at least the blocks it holds for the cache.
+        let cached_bytes = held.len() as u64 * bb;
+        if report.pool_bytes_measured > expected_pool || report.pool_bytes_measured < cached_bytes {
             tracing::warn!(
                 measured = report.pool_bytes_measured,
-                expected = expected_pool,
-                "the daemon's measured pool bytes differ from pool blocks x block bytes"
+                ceiling = expected_pool,
+                cached = cached_bytes,
+                "the daemon's measured pool bytes are outside [cached blocks, pool blocks] x block bytes"
             );
         }
         if drift_blocks > 0 {

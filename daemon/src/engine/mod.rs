@@ -14,6 +14,7 @@
 //! (the lease ends there: the sequence's references hold them) and the rest prefilled.
 
 mod cache_link;
+mod ceiling;
 pub mod scheduler;
 mod sequence;
 mod setup;
@@ -47,8 +48,10 @@ use sequence::Sequence;
 pub struct EngineConfig {
     pub model: PathBuf,
     pub block_tokens: usize,
-    /// Bytes for the KV pool (None = a quarter of available memory, at most 4 GiB).
+    /// The KV pool's ceiling in bytes (None = `auto`, see [`ceiling`]).
     pub kv_pool_bytes: Option<u64>,
+    /// The cache manager's capacity, which an `auto` ceiling makes room for.
+    pub cache_capacity: u64,
     pub prefill_chunk: usize,
     pub max_running: usize,
     /// Where the model runs.
@@ -154,6 +157,8 @@ struct Engine {
     cache: CacheLink,
     preemptions: u64,
     vitals: Vitals,
+    /// MLX's active memory right after the model loaded.
+    weights_bytes: u64,
 }
 
 impl Engine {
@@ -165,6 +170,10 @@ impl Engine {
             cache_blocks: self.cache.held_blocks(),
             block_bytes: shape.block_bytes() as u64,
             pool_bytes_measured: self.pool.measured_bytes(),
+            resident_blocks: self.pool.resident_blocks(),
+            weights_bytes: self.weights_bytes,
+            mlx_active_bytes: mlx_rs::memory::active_memory().unwrap_or(0) as u64,
+            process_resident_bytes: crate::host_memory::resident_bytes().unwrap_or(0),
         }
     }
 

@@ -4,25 +4,13 @@ use mlx_rs::Dtype;
 use mlxcel_ipc::Geometry;
 use mlxcel_ipc::proto::daemon::{ModelInfo, PoolStats};
 
+use super::ceiling;
 use super::scheduler::{Limits, Scheduler};
 use super::{CacheLink, Engine, EngineConfig, Started, Vitals};
+use crate::host_memory::HostMemory;
 use crate::pool::{BlockPool, PoolShape};
 use crate::{EngineError, Result};
-
-fn pool_blocks(config: &EngineConfig, block_bytes: u64) -> u32 {
-    let bytes = config.kv_pool_bytes.unwrap_or_else(|| {
-        let available = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find(|l| l.starts_with("MemAvailable:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            })
-            .map_or(8 << 30, |kb| kb * 1024);
-        (available / 4).min(4 << 30)
-    });
-    (bytes / block_bytes.max(1)).min(u64::from(u32::MAX)) as u32
-}
+use mlxcel_ipc::size::format_size;
 
 impl Engine {
     pub(super) fn load(config: &EngineConfig) -> Result<(Engine, Started)> {
@@ -30,6 +18,9 @@ impl Engine {
         let defaults = crate::sampling_defaults::resolve(&config.model, &config.sampling)?;
         tracing::info!("sampling defaults: {}", defaults.describe());
         let loaded = crate::load_on(&config.model, config.device)?;
+        // Loading leaves temporaries (the dequantized copies' sources) in MLX's buffer cache.
+        mlx_rs::memory::clear_cache()?;
+        let weights_bytes = mlx_rs::memory::active_memory()? as u64;
         let c = &loaded.model.config;
         let dtype = loaded.model.placement.dtype;
         let mut shape = PoolShape {
@@ -40,11 +31,21 @@ impl Engine {
             head_dim: c.head_dim,
             dtype,
         };
-        shape.num_blocks = pool_blocks(config, shape.block_bytes() as u64);
+        let block_bytes = shape.block_bytes() as u64;
+        let need = ceiling::Need {
+            cache_capacity: config.cache_capacity,
+            max_running: config.max_running,
+            context_tokens: loaded.text.context_length,
+            token_bytes: block_bytes / config.block_tokens.max(1) as u64,
+        };
+        let ceiling = ceiling::choose(config.kv_pool_bytes, need, HostMemory::read())?;
+        shape.num_blocks = (ceiling.bytes / block_bytes.max(1)).min(u64::from(u32::MAX)) as u32;
         if shape.num_blocks == 0 {
-            return Err(EngineError::Request(
-                "the KV pool is smaller than one block".into(),
-            ));
+            return Err(EngineError::Request(format!(
+                "the KV pool ceiling ({}) is smaller than one block ({})",
+                format_size(ceiling.bytes),
+                format_size(block_bytes)
+            )));
         }
         let pool = BlockPool::new(shape)?;
         let geometry = Geometry {
@@ -61,10 +62,12 @@ impl Engine {
             pool_blocks: shape.num_blocks,
         };
         tracing::info!(
-            blocks = shape.num_blocks,
-            block_bytes = shape.block_bytes(),
-            pool_bytes = pool.measured_bytes(),
-            "KV pool ready"
+            ceiling_blocks = shape.num_blocks,
+            block_bytes,
+            slab_blocks = pool.slab_blocks(),
+            "KV pool ceiling {} ({}); memory is taken as blocks are used",
+            format_size(u64::from(shape.num_blocks) * block_bytes),
+            ceiling.why
         );
         let info = ModelInfo {
             model_id: loaded.model_id.clone(),
@@ -91,6 +94,7 @@ impl Engine {
             cache: CacheLink::default(),
             preemptions: 0,
             vitals: Vitals::default(),
+            weights_bytes,
         };
         engine.publish();
         let info = ModelInfo {

@@ -20,7 +20,12 @@ impl Engine {
         let (free, total) = (self.pool.free_blocks(), self.pool.shape().num_blocks);
         let admission = self.sched.admit(free, total);
         for s in admission.unfit {
-            let message = "the prompt needs more KV blocks than the pool has";
+            let tokens = s.prompt.len() + 1;
+            let message = format!(
+                "the prompt needs {tokens} tokens of KV, more than the KV pool's ceiling of {}; \
+                 send a shorter prompt or raise --kv-pool-bytes",
+                self.ceiling_text()
+            );
             self.fail(s, WireError::new(ErrorCode::BadRequest, message));
         }
         if let Some(short) = admission.short {
@@ -148,6 +153,17 @@ impl Engine {
         }
     }
 
+    /// The pool's ceiling in tokens and bytes, for errors.
+    fn ceiling_text(&self) -> String {
+        let shape = self.pool.shape();
+        let blocks = u64::from(shape.num_blocks);
+        format!(
+            "{} tokens ({})",
+            blocks * shape.block_tokens as u64,
+            mlxcel_ipc::size::format_size(blocks * shape.block_bytes() as u64)
+        )
+    }
+
     /// Handles a step of sequence `i` that failed.
     fn pool_full(&mut self, i: usize, e: EngineError) {
         match e {
@@ -157,7 +173,11 @@ impl Engine {
                 // Alone, nothing to reclaim and no finished request's blocks about to come
                 // back (a donation the manager has not answered yet): this can never fit.
                 let s = self.sched.remove_running(i);
-                let message = "the request needs more KV blocks than the pool has";
+                let message = format!(
+                    "the request needs more KV than the KV pool's ceiling of {} (or the memory \
+                     for it could not be allocated); ask for fewer tokens or raise --kv-pool-bytes",
+                    self.ceiling_text()
+                );
                 self.fail(s, WireError::new(ErrorCode::BadRequest, message));
             }
             EngineError::PoolExhausted { .. } => {

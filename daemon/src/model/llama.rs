@@ -3,6 +3,7 @@
 
 use mlx_rs::{Array, Dtype, fast, nn, ops};
 
+use super::attention::{causal_mask, explicit_attention, heads_first_attention, padding_mask};
 use super::config::ModelConfig;
 use super::weights::{Linear, Weights};
 use crate::Result;
@@ -142,13 +143,24 @@ impl Model {
             .embed
             .take_axis(&ids, 0)?
             .reshape(&[1, t, c.hidden as i32])?;
-        let mask = (t > 1)
-            .then(|| causal_mask(t, offset, self.placement.dtype))
-            .transpose()?;
+        // Built by the first layer, once the store says how many keys it returns.
+        let mut mask: Option<Option<Array>> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
-            let a = self.attention(layer, i, &h, offset, mask.as_ref(), kv)?;
-            x = ops::add(&x, &a)?;
+            let (q, k, v) = self.project(layer, &h)?;
+            let (q, k, v) = self.heads(layer, q, k, v, &Offset::Fixed(offset))?;
+            let spans = kv.append(i, k, v)?;
+            if mask.is_none() {
+                let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
+                let needed = t > 1 || s > offset + t;
+                mask = Some(
+                    needed
+                        .then(|| causal_mask(t, offset, s, self.placement.dtype))
+                        .transpose()?,
+                );
+            }
+            let out = self.attend(&q, &spans, mask.as_ref().and_then(Option::as_ref))?;
+            x = ops::add(&x, &layer.o.forward(&out)?)?;
             x = ops::add(&x, &self.mlp(layer, &x)?)?;
         }
         kv.commit(tokens.len());
@@ -158,25 +170,12 @@ impl Model {
         Ok(logits.as_dtype(Dtype::Float32)?)
     }
 
-    fn attention(
-        &self,
-        layer: &Layer,
-        index: usize,
-        h: &Array,
-        offset: i32,
-        mask: Option<&Array>,
-        kv: &mut dyn KvStore,
-    ) -> Result<Array> {
-        let t = h.shape()[1];
-        let (q, k, v) = (
+    fn project(&self, layer: &Layer, h: &Array) -> Result<(Array, Array, Array)> {
+        Ok((
             layer.q.forward(h)?,
             layer.k.forward(h)?,
             layer.v.forward(h)?,
-        );
-        let (q, k, v) = self.heads(layer, q, k, v, offset)?;
-        let (keys, values) = kv.append(index, k, v)?;
-        let out = self.attend(&q, &keys, &values, mask)?;
-        layer.o.forward(&out.reshape(&[1, t, -1])?)
+        ))
     }
 
     /// The feed-forward block of `layer` (RMS norm, SwiGLU) on the residual stream `x`.
@@ -188,7 +187,7 @@ impl Model {
             .forward(&ops::multiply(&g, &layer.up.forward(&h)?)?)
     }
 
-    /// Splits projected q, k, v (`[1, t, n * head_dim]`) into heads (`[1, n, t, head_dim]`),
+    /// Splits projected q, k, v (`[b, t, n * head_dim]`) into heads (`[b, n, t, head_dim]`),
     /// applies the q/k norms and RoPE at `offset`.
     fn heads(
         &self,
@@ -196,13 +195,13 @@ impl Model {
         q: Array,
         k: Array,
         v: Array,
-        offset: i32,
+        offset: &Offset,
     ) -> Result<(Array, Array, Array)> {
         let c = &self.config;
-        let t = q.shape()[1];
+        let (b, t) = (q.shape()[0], q.shape()[1]);
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let split = |x: Array, n: i32| -> Result<Array> {
-            Ok(x.reshape(&[1, t, n, hd])?.transpose_axes(&[0, 2, 1, 3])?)
+            Ok(x.reshape(&[b, t, n, hd])?.transpose_axes(&[0, 2, 1, 3])?)
         };
         let mut q = split(q, heads)?;
         let mut k = split(k, kv_heads)?;
@@ -213,13 +212,39 @@ impl Model {
         if let Some(w) = &layer.k_norm {
             k = fast::rms_norm(&k, Some(w), c.rms_eps)?;
         }
-        let q = fast::rope(&q, hd, c.rope_traditional, c.rope_theta, 1.0, offset, None)?;
-        let k = fast::rope(&k, hd, c.rope_traditional, c.rope_theta, 1.0, offset, None)?;
-        Ok((q, k, v))
+        let (trad, theta) = (c.rope_traditional, c.rope_theta);
+        let rope = |x: &Array| -> Result<Array> {
+            Ok(match offset {
+                Offset::Fixed(o) => fast::rope(x, hd, trad, theta, 1.0, *o, None)?,
+                Offset::PerRow(o) => fast::rope_dynamic(x, hd, trad, theta, 1.0, o, None)?,
+            })
+        };
+        Ok((rope(&q)?, rope(&k)?, v))
     }
 
-    /// Attention of one sequence's queries over its keys and values; `[1, t, heads * head_dim]`.
-    fn attend(
+    /// Attention of one sequence's queries (`[1, heads, t, head_dim]`) over its keys and values
+    /// in `spans`; `[1, t, heads * head_dim]`. `mask` is `[t, keys]`.
+    fn attend(&self, q: &Array, spans: &[(Array, Array)], mask: Option<&Array>) -> Result<Array> {
+        let c = &self.config;
+        let t = q.shape()[2];
+        let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let out = if self.placement.gpu {
+            let (keys, values) = joined(spans)?;
+            let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
+            fast::scaled_dot_product_attention(q, &keys, &values, scale, mask, None)?
+        } else {
+            explicit_attention(q, spans, scale, mask, heads / kv_heads)?
+        };
+        Ok(out
+            .transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&[1, t, heads * hd])?)
+    }
+
+    /// Attention of a decode step: queries `[b, heads, 1, head_dim]` over keys and values laid
+    /// heads first (`[kv_heads, b, keys, head_dim]`, as the pool gathers them); `mask` is
+    /// `[b, 1, 1, keys]`. Returns `[b, 1, heads * head_dim]`.
+    fn attend_batch(
         &self,
         q: &Array,
         keys: &Array,
@@ -227,57 +252,50 @@ impl Model {
         mask: Option<&Array>,
     ) -> Result<Array> {
         let c = &self.config;
-        let t = q.shape()[2];
+        let b = q.shape()[0];
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (hd as f32).sqrt();
         let out = if self.placement.gpu {
             let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
-            fast::scaled_dot_product_attention(q, keys, values, scale, mask, None)?
+            let (k, v) = (keys.swap_axes(0, 1)?, values.swap_axes(0, 1)?);
+            fast::scaled_dot_product_attention(q, &k, &v, scale, mask, None)?.reshape(&[
+                b,
+                1,
+                heads * hd,
+            ])?
         } else {
-            explicit_attention(q, keys, values, scale, mask, heads / kv_heads)?
+            heads_first_attention(q, keys, values, scale, mask, heads / kv_heads)?
         };
-        Ok(out
-            .transpose_axes(&[0, 2, 1, 3])?
-            .reshape(&[1, t, heads * hd])?)
+        Ok(out)
     }
 
     /// One decode step for several sequences at once: `tokens[i]` is the next token of sequence
-    /// `i` of `kv`. The linear layers run once on the whole batch (the weights are read once for
-    /// all of them), each layer's new K/V rows go into the pool in one update, and attention runs
-    /// per sequence on its own K/V. Returns the logits, `[batch, vocab]` f32.
+    /// `i` of `kv`. Every op runs once for the whole batch: the projections, one RoPE with
+    /// per-row offsets, one write of the new K/V rows per layer, one gather of whole blocks
+    /// padded to the longest sequence, one mask for the step and one attention per layer.
+    /// Returns the logits, `[batch, vocab]` f32.
     pub fn forward_batch(&self, tokens: &[u32], kv: &mut dyn BatchKv) -> Result<Array> {
         let c = &self.config;
         let b = tokens.len() as i32;
         kv.reserve()?;
-        let offsets: Vec<i32> = kv.lens().into_iter().map(|l| l as i32).collect();
+        let lens: Vec<i32> = kv.lens().into_iter().map(|l| l as i32).collect();
+        let offsets = Offset::PerRow(Array::from_slice(&lens, &[b]));
         let ids = Array::from_slice(tokens, &[b]);
         let mut x = self
             .embed
             .take_axis(&ids, 0)?
             .reshape(&[b, 1, c.hidden as i32])?;
+        let mut mask: Option<Array> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
-            let (q, k, v) = (
-                layer.q.forward(&h)?,
-                layer.k.forward(&h)?,
-                layer.v.forward(&h)?,
-            );
-            let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
-            for (row, &offset) in offsets.iter().enumerate() {
-                let pick = |a: &Array| a.take_axis(Array::from_slice(&[row as i32], &[1]), 0);
-                let (q, k, v) = self.heads(layer, pick(&q)?, pick(&k)?, pick(&v)?, offset)?;
-                qs.push(q);
-                ks.push(k);
-                vs.push(v);
+            let (q, k, v) = self.project(layer, &h)?;
+            let (q, k, v) = self.heads(layer, q, k, v, &offsets)?;
+            let (keys, values) = kv.append_all(i, k, v)?;
+            if mask.is_none() {
+                mask = Some(padding_mask(&lens, keys.shape()[2], self.placement.dtype)?);
             }
-            let kvs = kv.append_all(i, ks, vs)?;
-            let outs = qs
-                .iter()
-                .zip(&kvs)
-                .map(|(q, (keys, values))| self.attend(q, keys, values, None))
-                .collect::<Result<Vec<_>>>()?;
-            let attn = layer.o.forward(&ops::concatenate(&outs, 0)?)?;
-            x = ops::add(&x, &attn)?;
+            let out = self.attend_batch(&q, &keys, &values, mask.as_ref())?;
+            x = ops::add(&x, &layer.o.forward(&out)?)?;
             x = ops::add(&x, &self.mlp(layer, &x)?)?;
         }
         kv.commit();
@@ -287,44 +305,17 @@ impl Model {
     }
 }
 
-/// Attention as two matmuls and a softmax, grouping query heads over shared K/V heads without
-/// copying K/V. On MLX's CPU backend this is far faster than the fused kernel.
-fn explicit_attention(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    scale: f32,
-    mask: Option<&Array>,
-    group: i32,
-) -> Result<Array> {
-    let qs = q.shape();
-    let (heads, t, hd) = (qs[1], qs[2], qs[3]);
-    let kv_heads = heads / group;
-    // [1, kvh, g*t, hd] x [1, kvh, hd, s] -> [1, kvh, g*t, s]
-    let q = ops::multiply(q, Array::from_f32(scale))?.reshape(&[1, kv_heads, group * t, hd])?;
-    let mut scores = ops::matmul(&q, &k.swap_axes(2, 3)?)?;
-    if let Some(m) = mask {
-        let s = scores.shape()[3];
-        scores = ops::add(&scores.reshape(&[1, kv_heads, group, t, s])?, m)?.reshape(&[
-            1,
-            kv_heads,
-            group * t,
-            s,
-        ])?;
+/// Spans of keys and values joined into one pair (a copy when there are several).
+fn joined(spans: &[(Array, Array)]) -> Result<(Array, Array)> {
+    if let [(k, v)] = spans {
+        return Ok((k.clone(), v.clone()));
     }
-    let p = ops::softmax_axis(&scores, -1, true)?;
-    let out = ops::matmul(&p, v)?;
-    Ok(out.reshape(&[1, heads, t, hd])?)
+    let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
+    Ok((ops::concatenate(&ks, 2)?, ops::concatenate(&vs, 2)?))
 }
 
-/// `[t, offset + t]` additive mask: position `offset + i` sees keys `0..=offset + i`.
-fn causal_mask(t: i32, offset: i32, dtype: Dtype) -> Result<Array> {
-    let s = offset + t;
-    let mut m = vec![0f32; (t * s) as usize];
-    for i in 0..t {
-        for j in (offset + i + 1)..s {
-            m[(i * s + j) as usize] = f32::NEG_INFINITY;
-        }
-    }
-    Ok(Array::from_slice(&m, &[t, s]).as_dtype(dtype)?)
+/// Where RoPE starts: one offset for a sequence, or one per row of a batch.
+enum Offset {
+    Fixed(i32),
+    PerRow(Array),
 }

@@ -7,6 +7,7 @@
 //! - [`safetensors`]: loading an MLX / Hugging Face directory.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
+mod attention;
 pub mod config;
 pub mod gguf;
 pub mod gguf_check;

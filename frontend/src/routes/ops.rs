@@ -143,8 +143,38 @@ fn write_daemon(out: &mut Exposition, health: Option<DaemonHealth>) {
         ),
         (
             "mlxcel_pool_bytes",
-            "Bytes of the pool tensors as the engine measures them.",
+            "Bytes of the pool's resident slabs as MLX measures its arrays.",
             p.pool_bytes_measured,
+        ),
+        (
+            "mlxcel_kv_resident_cache_bytes",
+            "Resident KV bytes held for the prefix cache.",
+            p.kv_resident_split()[0],
+        ),
+        (
+            "mlxcel_kv_resident_running_bytes",
+            "Resident KV bytes held only by running requests.",
+            p.kv_resident_split()[1],
+        ),
+        (
+            "mlxcel_kv_resident_free_bytes",
+            "Resident KV bytes free but not yet given back (blocks of a slab still in use).",
+            p.kv_resident_split()[2],
+        ),
+        (
+            "mlxcel_kv_measured_bytes",
+            "KV bytes by an independent measure: MLX's active memory minus the weights.",
+            p.kv_measured_bytes(),
+        ),
+        (
+            "mlxcel_weights_bytes",
+            "Bytes of the model's weights as MLX measured them after loading.",
+            p.weights_bytes,
+        ),
+        (
+            "mlxcel_daemon_resident_bytes",
+            "The daemon's resident set (phys_footprint on macOS).",
+            p.process_resident_bytes,
         ),
         (
             "mlxcel_running_sequences",

@@ -167,9 +167,12 @@ pub struct CacheStats {
     pub drift_bytes: u64,
     /// Milliseconds since the last reconciliation (None = never).
     pub last_reconcile_ms_ago: Option<u64>,
-    /// Pool bytes the daemon measured at the last reconciliation.
+    /// Resident pool bytes the daemon measured at the last reconciliation (the pool takes
+    /// memory as blocks are used, up to `pool_bytes_expected`).
     pub daemon_pool_bytes_measured: Option<u64>,
-    /// Pool bytes by the manager's own formula (pool blocks × block bytes).
+    /// The daemon's MLX active memory (weights + KV + requests) at the last reconciliation.
+    pub daemon_active_bytes: Option<u64>,
+    /// The pool's ceiling by the manager's own formula (pool blocks × block bytes).
     pub pool_bytes_expected: u64,
     /// Blocks on the daemon's free list at the last reconciliation.
     pub daemon_free_blocks: Option<u64>,

@@ -151,8 +151,39 @@ pub struct PoolStats {
     /// Blocks the daemon holds a cache reference on.
     pub cache_blocks: u32,
     pub block_bytes: u64,
-    /// Bytes of the pool tensors as the engine measures them.
+    /// Bytes of the pool's resident slabs as MLX reports its arrays (the pool takes memory as
+    /// blocks are used: this is at most `total_blocks × block_bytes`).
     pub pool_bytes_measured: u64,
+    /// Blocks whose memory is resident (held, or free in a slab that still holds others).
+    pub resident_blocks: u32,
+    /// Bytes of the model's weights as MLX measured them after loading.
+    pub weights_bytes: u64,
+    /// MLX's active memory now: weights, KV slabs and what requests hold (an independent
+    /// measure of the resident KV: active − weights).
+    pub mlx_active_bytes: u64,
+    /// The process's resident set (phys_footprint on macOS), 0 where unknown.
+    pub process_resident_bytes: u64,
+}
+
+impl PoolStats {
+    /// Blocks held now, by the cache or running requests.
+    pub fn held_blocks(&self) -> u32 {
+        self.total_blocks.saturating_sub(self.free_blocks)
+    }
+
+    /// Resident KV bytes: held for the cache, held only by running requests, and free but not
+    /// yet given back (`[cache, running, free]`).
+    pub fn kv_resident_split(&self) -> [u64; 3] {
+        let held = self.held_blocks();
+        let cache = self.cache_blocks.min(held);
+        let free = self.resident_blocks.saturating_sub(held);
+        [cache, held - cache, free].map(|b| u64::from(b) * self.block_bytes)
+    }
+
+    /// The independent measure of resident KV bytes (MLX's active memory minus the weights).
+    pub fn kv_measured_bytes(&self) -> u64 {
+        self.mlx_active_bytes.saturating_sub(self.weights_bytes)
+    }
 }
 
 /// What the front end needs to know about the loaded model.

@@ -1,0 +1,145 @@
+//! Reading K/V out of the pool for attention: whole blocks, for a batch of sequences padded to
+//! the same number of blocks, as `[kv_heads, batch, blocks × block_tokens, head_dim]` (heads
+//! first: that is how the chunks lie once gathered, so nothing is transposed).
+//!
+//! A [`Gather`] is planned once per forward pass (every layer shares the block tables) and read
+//! once per layer. Within one slab it is one take. Across slabs there are two ways, and the plan
+//! picks the cheaper: one take per run of chunks from the same slab, concatenated in order (more
+//! graph nodes), or one take per slab, concatenated, then reordered (two more copies).
+
+use mlx_rs::Array;
+use mlx_rs::ops::indexing::IndexOp;
+
+use super::{BlockId, BlockPool, dtype_bytes};
+use crate::{EngineError, Result};
+
+/// What one graph node costs at decode shapes on the CPU, and what copying a byte costs there.
+const NODE_SECONDS: f64 = 8e-6;
+const COPY_BYTES_PER_SECOND: f64 = 10e9;
+
+/// The chunks to read for one forward pass.
+pub struct Gather {
+    rows: usize,
+    blocks: usize,
+    /// Takes, in order: a slab and chunk ids within it.
+    parts: Vec<(usize, Array)>,
+    /// Where each output chunk is in the concatenated parts, when they are not in order.
+    order: Option<Array>,
+}
+
+impl Gather {
+    /// Plans reading `blocks` blocks of every table (rows with fewer are padded with their own
+    /// first block; the caller masks positions past each row's length).
+    pub fn new(pool: &BlockPool, tables: &[&[BlockId]], blocks: usize) -> Result<Gather> {
+        let kvh = pool.shape.kv_heads;
+        // Output chunk order: (half, head, row, block).
+        let mut chunks: Vec<(usize, i32)> = Vec::with_capacity(2 * kvh * tables.len() * blocks);
+        for half in 0..2 {
+            for h in 0..kvh {
+                for table in tables {
+                    let first = *table.first().ok_or_else(|| {
+                        EngineError::Internal("a gather of a sequence with no block".into())
+                    })?;
+                    for j in 0..blocks {
+                        let b = table.get(j).copied().unwrap_or(first);
+                        let s = pool.slab_of(b);
+                        let local = (b - s as u32 * pool.slab_blocks) as usize;
+                        let id = (half * kvh + h) * pool.slab_len(s) as usize + local;
+                        chunks.push((s, id as i32));
+                    }
+                }
+            }
+        }
+        let runs = 1 + chunks.windows(2).filter(|w| w[0].0 != w[1].0).count();
+        let mut slabs: Vec<usize> = chunks.iter().map(|c| c.0).collect();
+        slabs.sort_unstable();
+        slabs.dedup();
+        let bytes =
+            (chunks.len() * pool.shape.head_chunk_elems() * dtype_bytes(pool.shape.dtype)) as f64;
+        let by_runs = (runs - slabs.len()) as f64 * NODE_SECONDS;
+        let by_slabs = 2.0 * bytes / COPY_BYTES_PER_SECOND;
+        let (parts, order) = if slabs.len() == 1 || by_runs <= by_slabs {
+            (in_runs(&chunks), None)
+        } else {
+            by_slab(&chunks, &slabs)
+        };
+        Ok(Gather {
+            rows: tables.len(),
+            blocks,
+            parts,
+            order,
+        })
+    }
+
+    /// Blocks each row gets.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+}
+
+fn ids_array(ids: &[i32]) -> Array {
+    Array::from_slice(ids, &[ids.len() as i32])
+}
+
+/// One take per run of consecutive chunks from the same slab.
+fn in_runs(chunks: &[(usize, i32)]) -> Vec<(usize, Array)> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for end in 1..=chunks.len() {
+        if end == chunks.len() || chunks[end].0 != chunks[start].0 {
+            let ids: Vec<i32> = chunks[start..end].iter().map(|c| c.1).collect();
+            parts.push((chunks[start].0, ids_array(&ids)));
+            start = end;
+        }
+    }
+    parts
+}
+
+/// One take per slab, and the order that puts the concatenation back in output order.
+fn by_slab(chunks: &[(usize, i32)], slabs: &[usize]) -> (Vec<(usize, Array)>, Option<Array>) {
+    let mut parts = Vec::with_capacity(slabs.len());
+    let mut order = vec![0i32; chunks.len()];
+    let mut next = 0;
+    for &s in slabs {
+        let mut ids = Vec::new();
+        for (out, &(cs, id)) in chunks.iter().enumerate() {
+            if cs == s {
+                ids.push(id);
+                order[out] = next;
+                next += 1;
+            }
+        }
+        parts.push((s, ids_array(&ids)));
+    }
+    (parts, Some(ids_array(&order)))
+}
+
+impl BlockPool {
+    /// `layer`'s keys and values for `plan`, each `[kv_heads, rows, blocks × block_tokens,
+    /// head_dim]`.
+    pub fn gather(&self, layer: usize, plan: &Gather) -> Result<(Array, Array)> {
+        let s = self.shape;
+        let chunk = s.head_chunk_elems() as i32;
+        let mut pieces = Vec::with_capacity(plan.parts.len());
+        for (slab, ids) in &plan.parts {
+            let Some(slab) = self.slabs[*slab].as_ref() else {
+                return Err(EngineError::Internal(
+                    "a gather from a slab that holds no block".into(),
+                ));
+            };
+            pieces.push(slab.chunks(layer, chunk, ids)?);
+        }
+        let mut x = if pieces.len() == 1 {
+            pieces.remove(0)
+        } else {
+            mlx_rs::ops::concatenate(&pieces, 0)?
+        };
+        if let Some(order) = &plan.order {
+            x = x.take_axis(order, 0)?;
+        }
+        let (rows, blocks) = (plan.rows as i32, plan.blocks as i32);
+        let (kvh, bt, hd) = (s.kv_heads as i32, s.block_tokens as i32, s.head_dim as i32);
+        let x = x.reshape(&[2, kvh, rows, blocks * bt, hd])?;
+        Ok((x.index(0), x.index(1)))
+    }
+}
