@@ -110,14 +110,27 @@ mod imp {
     }
 }
 
-/// Makes freed large buffers leave the process on Linux: glibc raises its mmap threshold after
-/// each large free, so later blocks of that size come from the heap and stay resident when
-/// freed. A fixed threshold keeps every buffer of 256 KiB or more mmapped, so freeing a slab
-/// gives its pages back.
-pub fn return_freed_memory() {
+/// Gives the allocator's free pages back to the operating system now: glibc keeps freed
+/// buffers in its heaps (its mmap threshold rises after each large free, so a slab allocated
+/// after another was freed comes from the heap), and `malloc_trim` returns every free page of
+/// them. Called when a slab is dropped and when the engine goes idle.
+pub fn trim_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Keeps the pool's slab arrays out of the allocator's heaps on Linux: glibc raises its mmap
+/// threshold after each large free, so later slabs would come from a heap, where a freed slab
+/// stays until a trim and small live allocations beside it pin its pages. A fixed threshold
+/// below a slab's per-layer array (16 MiB / 30 layers ≈ 546 KiB for SmolLM2) keeps every slab
+/// mmapped: freeing it unmaps it.
+pub fn map_large_buffers() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator tunables.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 512 << 10);
     }
 }

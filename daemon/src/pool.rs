@@ -68,7 +68,7 @@ pub fn dtype_bytes(dtype: Dtype) -> usize {
 
 /// The default slab size: big enough that a gather rarely spans slabs, small enough that an
 /// almost empty slab holds little (the footprint rules allow 64 MiB of slack).
-pub const SLAB_BYTES: usize = 32 << 20;
+pub const SLAB_BYTES: usize = 16 << 20;
 
 /// Counters of allocator misuse (should stay 0).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -323,6 +323,7 @@ impl BlockPool {
             if let Err(e) = mlx_rs::memory::clear_cache() {
                 tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
             }
+            crate::host_memory::trim_freed_memory();
         }
     }
 }

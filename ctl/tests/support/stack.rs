@@ -102,6 +102,23 @@ impl Served {
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     }
 
+    /// Runs `mlxcelctl args...` against this stack, which must succeed; returns its stdout.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let out = Command::new(bin("mlxcelctl"))
+            .args(args)
+            .arg("--socket-dir")
+            .arg(self.dir.path())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("mlxcelctl");
+        assert!(
+            out.status.success(),
+            "mlxcelctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn status(&self) -> Value {
         self.ctl_json(&["status", "--json"])
     }

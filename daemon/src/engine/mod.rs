@@ -19,6 +19,7 @@ pub mod scheduler;
 mod sequence;
 mod setup;
 mod step;
+mod warmup;
 
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -194,6 +195,12 @@ impl Engine {
             // prefixes arrive as commands). Busy: take whatever arrived, then step.
             if self.sched.is_idle() {
                 let next = if !self.sched.has_waiting() {
+                    // Nothing runs: what the last requests freed goes back to the system (MLX
+                    // keeps freed buffers in its own cache until told otherwise).
+                    if let Err(e) = mlx_rs::memory::clear_cache() {
+                        tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
+                    }
+                    crate::host_memory::trim_freed_memory();
                     rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
                 } else {
                     rx.recv_timeout(Duration::from_millis(20))

@@ -47,7 +47,19 @@ impl Engine {
                 format_size(block_bytes)
             )));
         }
-        let pool = BlockPool::new(shape)?;
+        let mut pool = BlockPool::new(shape)?;
+        let took = super::warmup::run(
+            &loaded.model,
+            &mut pool,
+            config.prefill_chunk,
+            config.max_running,
+        )?;
+        tracing::info!(
+            warmup_ms = took.as_millis() as u64,
+            "warm-up done: a {}-token prefill chunk and a {}-sequence decode step",
+            config.prefill_chunk,
+            config.max_running
+        );
         let geometry = Geometry {
             model_id: loaded.model_id.clone(),
             layers: c.layers as u32,
