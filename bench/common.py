@@ -181,7 +181,12 @@ class Mlxcel(Server):
             "blocks": stats["blocks"], "evicted_capacity": stats["evicted_blocks"]["capacity"],
             "rejected_capacity": stats["rejected_blocks"]["capacity"],
             "pool_free_blocks": pool.get("free_blocks"), "pool_total_blocks": pool.get("total_blocks"),
+            "pool_block_bytes": pool.get("block_bytes"), "pool_resident_bytes": pool.get("pool_bytes_measured"),
         }
+
+    def evict_all(self):
+        subprocess.run([os.path.join(RELEASE, "mlxcelctl"), "cache", "evict", "--all", "--socket-dir", self.dir],
+                       env=self.env, capture_output=True, text=True)
 
     def reconcile(self):
         return self.ctl("cache", "reconcile", "--json")

@@ -26,6 +26,8 @@ SMALL_CAPACITY = 64 * MIB
 MAX_TOKENS = 16
 SAMPLE_EVERY = 0.25
 SETTLE_SECONDS = 5
+EVICT_SECONDS = 10
+SLACK = 64 * MIB
 
 
 def system_prompt():
@@ -161,6 +163,14 @@ def run_one(config, scenario):
     reconcile = server.reconcile()
     sampler.stop_flag.set()
     sampler.join()
+    # mlxcel: `cache evict --all`, then the daemon's resident memory for 10 s.
+    after_evict = []
+    if server.kind == "mlxcel":
+        server.evict_all()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < EVICT_SECONDS:
+            after_evict.append((round(time.monotonic() - t0, 2), rss_bytes(server.pids["daemon"])))
+            time.sleep(SAMPLE_EVERY)
     server.stop()
     samples = sampler.samples
     names = list(server.pids)
@@ -171,7 +181,7 @@ def run_one(config, scenario):
         "workload_seconds": round(workload_s, 1), "requests": requests,
         "peak_rss": peak, "settle_rss": settle,
         "peak_total": max(total(s) for s in samples), "settle_total": total(samples[-1]),
-        "reconcile": reconcile, "samples": samples,
+        "reconcile": reconcile, "samples": samples, "after_evict": after_evict,
     }
 
 
@@ -198,6 +208,34 @@ def checks(results):
             out.append((f"{config}: churn settle <= idle + capacity + 5%", churn["settle_total"] <= limit,
                         f"churn settle {churn['settle_total'] / MIB:.0f} MiB, idle {idle['settle_total'] / MIB:.0f} MiB, "
                         f"limit {limit / MIB:.0f} MiB"))
+    # What a user sees (issue "KV memory follows use"), per mlxcel scenario, the daemon's RSS
+    # against its idle settle in the same configuration.
+    for r in results:
+        idle = by.get((r["config"], "idle"))
+        if r["kind"] != "mlxcel" or not idle:
+            continue
+        base = idle["settle_rss"].get("daemon") or 0
+        pools = [s["cache"] for s in r["samples"] if s.get("cache") and s["cache"].get("pool_block_bytes")]
+        held = max(((c["pool_total_blocks"] - c["pool_free_blocks"]) * c["pool_block_bytes"] for c in pools), default=0)
+        ledger = max((c["used_bytes"] + c["releasing_bytes"] for c in pools), default=0)
+        running = max(0, held - ledger)
+        limit = base + ledger + running + SLACK
+        peak = r["peak_rss"].get("daemon") or 0
+        out.append((f"{r['config']}/{r['scenario']}: peak <= idle + peak ledger + peak running KV + 64 MiB",
+                    peak <= limit, f"daemon peak {peak / MIB:.0f} MiB, idle {base / MIB:.0f}, ledger {ledger / MIB:.0f}, "
+                    f"running {running / MIB:.0f}, limit {limit / MIB:.0f} MiB"))
+        back = next((t for t, v in r["after_evict"] if v and v <= base + SLACK), None)
+        out.append((f"{r['config']}/{r['scenario']}: evict --all -> within idle + 64 MiB in 10 s", back is not None,
+                    f"back after {back} s" if back is not None else
+                    f"still {max(v or 0 for _, v in r['after_evict'][-1:]) / MIB:.0f} MiB, idle {base / MIB:.0f} MiB"))
+        if r["config"] == "mlxcel_cache_off":
+            out.append((f"mlxcel_cache_off/{r['scenario']}: no growth beyond running requests",
+                        peak <= base + running + SLACK, f"daemon peak {peak / MIB:.0f} MiB, idle {base / MIB:.0f}, running {running / MIB:.0f}"))
+    small_idle, small_churn = by.get(("mlxcel_small_cache", "idle")), by.get(("mlxcel_small_cache", "churn"))
+    if small_idle and small_churn:
+        limit = (small_idle["settle_total"] + SMALL_CAPACITY) * 1.05
+        out.append(("mlxcel_small_cache: churn settles <= idle + 64 MiB + 5%", small_churn["settle_total"] <= limit,
+                    f"settle {small_churn['settle_total'] / MIB:.0f} MiB, limit {limit / MIB:.0f} MiB"))
     for r in results:
         if r["config"] != "mlxcel_small_cache" or r["scenario"] not in ("churn", "distinct_burst", "shared_prefix_burst"):
             continue
