@@ -171,7 +171,6 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    mlxcel_daemon::host_memory::map_large_buffers();
     let model = resolve_model(&args.model)?;
     if let Some(dir) = &args.export_mlx {
         return export(&model, dir);

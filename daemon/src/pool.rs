@@ -164,7 +164,7 @@ impl BlockPool {
             let s = self.slab_of(b);
             if self.slabs[s].is_none() {
                 let len = self.slab_len(s);
-                match Slab::new(&self.shape, len) {
+                match crate::host_memory::with_mapped_buffers(|| Slab::new(&self.shape, len)) {
                     Ok(slab) => self.slabs[s] = Some(slab),
                     Err(e) => {
                         tracing::error!(slab = s, error = %e, "cannot allocate a KV slab");

@@ -150,6 +150,14 @@ pub fn spawn(
     Ok((tx, started, handle))
 }
 
+/// MLX keeps freed buffers in its own cache until told otherwise, and glibc its free pages.
+fn give_back_freed_memory() {
+    if let Err(e) = mlx_rs::memory::clear_cache() {
+        tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
+    }
+    crate::host_memory::trim_freed_memory();
+}
+
 struct Engine {
     loaded: Loaded,
     pool: BlockPool,
@@ -195,13 +203,17 @@ impl Engine {
             // prefixes arrive as commands). Busy: take whatever arrived, then step.
             if self.sched.is_idle() {
                 let next = if !self.sched.has_waiting() {
-                    // Nothing runs: what the last requests freed goes back to the system (MLX
-                    // keeps freed buffers in its own cache until told otherwise).
-                    if let Err(e) = mlx_rs::memory::clear_cache() {
-                        tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
+                    // Nothing runs: what the last requests freed goes back to the system, now
+                    // and once more after a quiet second (the I/O threads free their last
+                    // buffers after the engine is done).
+                    give_back_freed_memory();
+                    match rx.recv_timeout(Duration::from_secs(1)) {
+                        Err(RecvTimeoutError::Timeout) => {
+                            give_back_freed_memory();
+                            rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                        }
+                        other => other,
                     }
-                    crate::host_memory::trim_freed_memory();
-                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
                 } else {
                     rx.recv_timeout(Duration::from_millis(20))
                 };
