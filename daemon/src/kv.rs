@@ -46,13 +46,23 @@ pub trait BatchKv {
     fn reserve(&mut self) -> Result<()>;
 
     /// Stores each sequence's new row (`k`, `v`: `[batch, kv_heads, 1, head_dim]`) for `layer`
-    /// and returns every sequence's keys and values padded to one length, heads first:
-    /// `[kv_heads, batch, keys, head_dim]`; the caller masks positions at or past
-    /// `lens()[i] + 1` in row `i`.
-    fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)>;
+    /// and returns every sequence's keys and values (see [`BatchKeys`]).
+    fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<BatchKeys>;
 
     /// Marks the token as stored in every sequence, after every layer has appended it.
     fn commit(&mut self);
+}
+
+/// A decode step's keys and values: the positions every sequence shares (the same full blocks,
+/// e.g. a cached system prompt), read once for the whole batch, then each sequence's own rest.
+pub struct BatchKeys {
+    /// Spans of the shared positions, `[1, kv_heads, n_i, head_dim]` each (views, no copy).
+    pub shared: Vec<(Array, Array)>,
+    /// Positions covered by `shared` (the same in every row, all valid).
+    pub shared_len: usize,
+    /// Each row's positions after `shared_len`, padded to one length, heads first:
+    /// `[kv_heads, batch, keys, head_dim]`; row `i` is valid up to `lens()[i] + 1 - shared_len`.
+    pub tail: (Array, Array),
 }
 
 /// One contiguous tensor per layer, grown by concatenation.

@@ -12,7 +12,7 @@
 use mlx_rs::Array;
 
 use crate::Result;
-use crate::kv::{BatchKv, KvStore};
+use crate::kv::{BatchKeys, BatchKv, KvStore};
 use crate::pool::{BlockId, BlockPool, Gather};
 
 /// One sequence's blocks and length.
@@ -82,8 +82,10 @@ pub struct PagedStore<'a> {
 pub struct PagedBatch<'a> {
     seqs: Vec<&'a mut PagedSeq>,
     pool: &'a mut BlockPool,
-    /// This step's gather plan, built by the first layer.
+    /// This step's gather plan of each row's own blocks, built by the first layer.
     plan: Option<Gather>,
+    /// Leading blocks every row shares this step.
+    shared: usize,
 }
 
 impl<'a> PagedBatch<'a> {
@@ -93,6 +95,7 @@ impl<'a> PagedBatch<'a> {
             seqs,
             pool,
             plan: None,
+            shared: 0,
         }
     }
 }
@@ -109,7 +112,7 @@ impl BatchKv for PagedBatch<'_> {
         Ok(())
     }
 
-    fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<(Array, Array)> {
+    fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<BatchKeys> {
         let bt = self.pool.shape().block_tokens;
         for s in &self.seqs {
             if s.len >= s.table.len() * bt {
@@ -129,19 +132,30 @@ impl BatchKv for PagedBatch<'_> {
         self.pool
             .write(layer, &at, &heads_first(k)?, &heads_first(v)?)?;
         if self.plan.is_none() {
+            // Leading blocks every row has, full before this step: read once, in place.
+            let shortest = self.seqs.iter().map(|s| s.len / bt).min().unwrap_or(0);
+            let first = &self.seqs[0].table;
+            let shared = (0..shortest)
+                .take_while(|&j| self.seqs.iter().all(|s| s.table[j] == first[j]))
+                .count();
             let blocks = self
                 .seqs
                 .iter()
-                .map(|s| (s.len + 1).div_ceil(bt))
+                .map(|s| (s.len + 1).div_ceil(bt) - shared)
                 .max()
                 .unwrap_or(0);
-            let tables: Vec<&[BlockId]> = self.seqs.iter().map(|s| s.table.as_slice()).collect();
+            let tables: Vec<&[BlockId]> = self.seqs.iter().map(|s| &s.table[shared..]).collect();
             self.plan = Some(Gather::new(self.pool, &tables, blocks)?);
+            self.shared = shared;
         }
-        match &self.plan {
-            Some(plan) => self.pool.gather(layer, plan),
-            None => Err(crate::EngineError::Internal("no gather plan".into())),
-        }
+        let Some(plan) = &self.plan else {
+            return Err(crate::EngineError::Internal("no gather plan".into()));
+        };
+        Ok(BatchKeys {
+            shared: self.pool.spans(layer, &self.seqs[0].table, self.shared)?,
+            shared_len: self.shared * bt,
+            tail: self.pool.gather(layer, plan)?,
+        })
     }
 
     fn commit(&mut self) {

@@ -7,6 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype, ops};
 
 use crate::Result;
+use crate::kv::BatchKeys;
 
 /// Attention as two matmuls and a softmax, grouping query heads over shared K/V heads without
 /// copying K/V. On MLX's CPU backend this is far faster than the fused kernel.
@@ -88,13 +89,13 @@ pub(super) fn causal_mask(t: i32, offset: i32, keys: i32, dtype: Dtype) -> Resul
     Ok(Array::from_slice(&m, &[t, s]).as_dtype(dtype)?)
 }
 
-/// Decode-step attention with keys and values heads first (`[kv_heads, b, keys, head_dim]`, as
-/// the pool gathers them, so they are read without a copy): queries `[b, heads, 1, head_dim]`,
-/// `mask` `[b, 1, 1, keys]`. Returns `[b, 1, heads * head_dim]`.
-pub(super) fn heads_first_attention(
+/// Decode-step attention over [`BatchKeys`]: spans every row shares (read once for the whole
+/// batch, in place) and each row's own tail, heads first (`[kv_heads, b, keys, head_dim]`, as
+/// the pool gathers it). Queries `[b, heads, 1, head_dim]`; `mask` `[b, 1, 1, tail keys]`.
+/// Scores of both parts are joined for one softmax. Returns `[b, 1, heads * head_dim]`.
+pub(super) fn batch_attention(
     q: &Array,
-    k: &Array,
-    v: &Array,
+    keys: &BatchKeys,
     scale: f32,
     mask: Option<&Array>,
     group: i32,
@@ -102,16 +103,54 @@ pub(super) fn heads_first_attention(
     let qs = q.shape();
     let (b, heads, hd) = (qs[0], qs[1], qs[3]);
     let kv_heads = heads / group;
+    let (tk, tv) = &keys.tail;
+    let lt = tk.shape()[2];
     // [b, heads, 1, hd] -> [kvh, b, g, hd]
     let q = ops::multiply(q, Array::from_f32(scale))?
         .reshape(&[b, kv_heads, group, hd])?
         .swap_axes(0, 1)?;
-    let mut scores = ops::matmul(&q, &k.swap_axes(2, 3)?)?;
+    let mut tail = ops::matmul(&q, &tk.swap_axes(2, 3)?)?; // [kvh, b, g, lt]
     if let Some(m) = mask {
-        let s = scores.shape()[3];
-        scores = ops::add(&scores, &m.reshape(&[1, b, 1, s])?)?;
+        tail = ops::add(&tail, &m.reshape(&[1, b, 1, lt])?)?;
     }
+    let rows = b * group;
+    let mut parts = Vec::with_capacity(keys.shared.len() + 1);
+    let q_all = q.reshape(&[kv_heads, rows, hd])?;
+    for (k, _) in &keys.shared {
+        // [kvh, b*g, hd] x [kvh, hd, n] -> [kvh, b*g, n]
+        parts.push(ops::matmul(&q_all, &k.index(0).swap_axes(1, 2)?)?);
+    }
+    parts.push(tail.reshape(&[kv_heads, rows, lt])?);
+    let scores = if parts.len() == 1 {
+        parts.remove(0)
+    } else {
+        ops::concatenate(&parts, 2)?
+    };
     let p = ops::softmax_axis(&scores, -1, true)?;
-    let out = ops::matmul(&p, v)?; // [kvh, b, g, hd]
-    Ok(out.swap_axes(0, 1)?.reshape(&[b, 1, heads * hd])?)
+    let mut out: Option<Array> = None;
+    let mut at = 0;
+    for (_, v) in &keys.shared {
+        let n = v.shape()[2];
+        let part = ops::matmul(p.index((.., .., at..at + n)), v.index(0))?;
+        at += n;
+        out = Some(match out {
+            Some(o) => ops::add(&o, &part)?,
+            None => part,
+        });
+    }
+    let pt = if at == 0 {
+        p
+    } else {
+        p.index((.., .., at..at + lt))
+    };
+    let own = ops::matmul(pt.reshape(&[kv_heads, b, group, lt])?, tv)?; // [kvh, b, g, hd]
+    let own = own.reshape(&[kv_heads, rows, hd])?;
+    let out = match out {
+        Some(o) => ops::add(&o, &own)?,
+        None => own,
+    };
+    Ok(out
+        .reshape(&[kv_heads, b, group, hd])?
+        .swap_axes(0, 1)?
+        .reshape(&[b, 1, heads * hd])?)
 }

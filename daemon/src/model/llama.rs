@@ -3,12 +3,12 @@
 
 use mlx_rs::{Array, Dtype, fast, nn, ops};
 
-use super::attention::{causal_mask, explicit_attention, heads_first_attention, padding_mask};
+use super::attention::{batch_attention, causal_mask, explicit_attention, padding_mask};
 use super::config::ModelConfig;
 use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
-use crate::kv::{BatchKv, KvStore};
+use crate::kv::{BatchKeys, BatchKv, KvStore};
 
 /// Tensor names in a file format.
 pub trait TensorNames {
@@ -241,38 +241,54 @@ impl Model {
             .reshape(&[1, t, heads * hd])?)
     }
 
-    /// Attention of a decode step: queries `[b, heads, 1, head_dim]` over keys and values laid
-    /// heads first (`[kv_heads, b, keys, head_dim]`, as the pool gathers them); `mask` is
-    /// `[b, 1, 1, keys]`. Returns `[b, 1, heads * head_dim]`.
-    fn attend_batch(
-        &self,
-        q: &Array,
-        keys: &Array,
-        values: &Array,
-        mask: Option<&Array>,
-    ) -> Result<Array> {
+    /// Attention of a decode step over [`BatchKeys`]; `mask` is `[b, 1, 1, tail keys]`.
+    /// Returns `[b, 1, heads * head_dim]`.
+    fn attend_batch(&self, q: &Array, keys: &BatchKeys, mask: Option<&Array>) -> Result<Array> {
         let c = &self.config;
         let b = q.shape()[0];
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (hd as f32).sqrt();
-        let out = if self.placement.gpu {
-            let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
-            let (k, v) = (keys.swap_axes(0, 1)?, values.swap_axes(0, 1)?);
+        if !self.placement.gpu {
+            return batch_attention(q, keys, scale, mask, heads / kv_heads);
+        }
+        // The fused kernel wants one padded K/V per row: the shared spans repeated per row.
+        let (tk, tv) = (keys.tail.0.swap_axes(0, 1)?, keys.tail.1.swap_axes(0, 1)?);
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        for (k, v) in &keys.shared {
+            let n = k.shape()[2];
+            ks.push(ops::broadcast_to(k, &[b, kv_heads, n, hd])?);
+            vs.push(ops::broadcast_to(v, &[b, kv_heads, n, hd])?);
+        }
+        ks.push(tk);
+        vs.push(tv);
+        let (k, v) = (ops::concatenate(&ks, 2)?, ops::concatenate(&vs, 2)?);
+        let mask = match mask {
+            Some(m) if keys.shared_len > 0 => Some(ops::concatenate(
+                &[
+                    ops::zeros_dtype(&[b, 1, 1, keys.shared_len as i32], m.dtype())?,
+                    m.clone(),
+                ],
+                3,
+            )?),
+            m => m.cloned(),
+        };
+        let mask = mask
+            .as_ref()
+            .map(fast::ScaledDotProductAttentionMask::Array);
+        Ok(
             fast::scaled_dot_product_attention(q, &k, &v, scale, mask, None)?.reshape(&[
                 b,
                 1,
                 heads * hd,
-            ])?
-        } else {
-            heads_first_attention(q, keys, values, scale, mask, heads / kv_heads)?
-        };
-        Ok(out)
+            ])?,
+        )
     }
 
     /// One decode step for several sequences at once: `tokens[i]` is the next token of sequence
     /// `i` of `kv`. Every op runs once for the whole batch: the projections, one RoPE with
-    /// per-row offsets, one write of the new K/V rows per layer, one gather of whole blocks
-    /// padded to the longest sequence, one mask for the step and one attention per layer.
+    /// per-row offsets, one write of the new K/V rows per layer, one attention per layer over
+    /// the blocks every row shares (read once, in place: a shared system prompt costs one read,
+    /// not one per row) and each row's own blocks (one gather, padded), one mask per step.
     /// Returns the logits, `[batch, vocab]` f32.
     pub fn forward_batch(&self, tokens: &[u32], kv: &mut dyn BatchKv) -> Result<Array> {
         let c = &self.config;
@@ -290,11 +306,13 @@ impl Model {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let (q, k, v) = self.project(layer, &h)?;
             let (q, k, v) = self.heads(layer, q, k, v, &offsets)?;
-            let (keys, values) = kv.append_all(i, k, v)?;
+            let keys = kv.append_all(i, k, v)?;
             if mask.is_none() {
-                mask = Some(padding_mask(&lens, keys.shape()[2], self.placement.dtype)?);
+                let own: Vec<i32> = lens.iter().map(|&l| l - keys.shared_len as i32).collect();
+                let lt = keys.tail.0.shape()[2];
+                mask = Some(padding_mask(&own, lt, self.placement.dtype)?);
             }
-            let out = self.attend_batch(&q, &keys, &values, mask.as_ref())?;
+            let out = self.attend_batch(&q, &keys, mask.as_ref())?;
             x = ops::add(&x, &layer.o.forward(&out)?)?;
             x = ops::add(&x, &self.mlp(layer, &x)?)?;
         }
