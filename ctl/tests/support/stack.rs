@@ -90,27 +90,24 @@ impl Served {
         self.log.lock().unwrap().clone()
     }
 
-    /// Runs `mlxcelctl args...` against this stack; returns its stdout parsed as JSON.
-    pub fn ctl_json(&self, args: &[&str]) -> Value {
-        let out = Command::new(bin("mlxcelctl"))
+    fn run_ctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin("mlxcelctl"))
             .args(args)
             .arg("--socket-dir")
             .arg(self.dir.path())
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
-            .expect("mlxcelctl");
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+            .expect("mlxcelctl")
+    }
+
+    /// Runs `mlxcelctl args...` against this stack; returns its stdout parsed as JSON.
+    pub fn ctl_json(&self, args: &[&str]) -> Value {
+        serde_json::from_slice(&self.run_ctl(args).stdout).unwrap_or(Value::Null)
     }
 
     /// Runs `mlxcelctl args...` against this stack, which must succeed; returns its stdout.
     pub fn ctl(&self, args: &[&str]) -> String {
-        let out = Command::new(bin("mlxcelctl"))
-            .args(args)
-            .arg("--socket-dir")
-            .arg(self.dir.path())
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .expect("mlxcelctl");
+        let out = self.run_ctl(args);
         assert!(
             out.status.success(),
             "mlxcelctl {args:?}: {}",
