@@ -113,6 +113,12 @@ impl BatchKv for PagedBatch<'_> {
     }
 
     fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<BatchKeys> {
+        let Some(first) = self.seqs.first() else {
+            return Err(crate::EngineError::Internal(
+                "a decode step of no sequence".into(),
+            ));
+        };
+        let first = first.table.clone();
         let bt = self.pool.shape().block_tokens;
         for s in &self.seqs {
             if s.len >= s.table.len() * bt {
@@ -134,7 +140,6 @@ impl BatchKv for PagedBatch<'_> {
         if self.plan.is_none() {
             // Leading blocks every row has, full before this step: read once, in place.
             let shortest = self.seqs.iter().map(|s| s.len / bt).min().unwrap_or(0);
-            let first = &self.seqs[0].table;
             let shared = (0..shortest)
                 .take_while(|&j| self.seqs.iter().all(|s| s.table[j] == first[j]))
                 .count();
@@ -152,7 +157,7 @@ impl BatchKv for PagedBatch<'_> {
             return Err(crate::EngineError::Internal("no gather plan".into()));
         };
         Ok(BatchKeys {
-            shared: self.pool.spans(layer, &self.seqs[0].table, self.shared)?,
+            shared: self.pool.spans(layer, &first, self.shared)?,
             shared_len: self.shared * bt,
             tail: self.pool.gather(layer, plan)?,
         })
