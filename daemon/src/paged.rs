@@ -157,7 +157,7 @@ impl BatchKv for PagedBatch<'_> {
             return Err(crate::EngineError::Internal("no gather plan".into()));
         };
         Ok(BatchKeys {
-            shared: self.pool.spans(layer, &first, self.shared)?,
+            shared: self.pool.spans(layer, &self.seqs[0].table, self.shared)?,
             shared_len: self.shared * bt,
             tail: self.pool.gather(layer, plan)?,
         })
