@@ -139,7 +139,7 @@ async fn main() -> anyhow::Result<()> {
     ));
 
     // Fill: 2,000 prompts x 50 blocks = 100k cached blocks.
-    let seed = HashSeed::new("SmolLM2-135M-Instruct", None);
+    let seed = HashSeed::new(&mlxcel_ipc::HashKey([0; 32]), "SmolLM2-135M-Instruct", None);
     let prompts: Vec<Vec<BlockHash>> = (0..PROMPTS)
         .map(|p| {
             let tokens: Vec<u32> = (0..BLOCKS_PER_PROMPT * 32)

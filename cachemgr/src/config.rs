@@ -52,6 +52,12 @@ pub struct Args {
     #[arg(long, env = "MLXCEL_MAX_FRAME_BYTES", default_value = "4MiB", value_parser = parse_size, value_name = "SIZE")]
     pub max_frame_bytes: u64,
 
+    /// The secret that keys block hashes (created 0600 on first start), so entry ids cannot be
+    /// computed from a guessed prompt. Default: $XDG_STATE_HOME/mlxcel/hash-key, else
+    /// ~/.local/state/mlxcel/hash-key (macOS: ~/Library/Application Support/mlxcel/hash-key).
+    #[arg(long, env = "MLXCEL_HASH_KEY_FILE", value_name = "FILE")]
+    pub hash_key_file: Option<PathBuf>,
+
     /// Connections served at once.
     #[arg(long, env = "MLXCEL_CACHE_MAX_CONNECTIONS", default_value_t = 64)]
     pub max_connections: usize,
@@ -80,6 +86,10 @@ impl Args {
             socket_dir: self.socket_dir.clone(),
             limits: Limits::new(usize::try_from(self.max_frame_bytes).unwrap_or(usize::MAX)),
             max_connections: self.max_connections.max(1),
+            hash_key_file: self
+                .hash_key_file
+                .clone()
+                .or_else(crate::hash_key::default_path),
             ..ServerConfig::default()
         }
     }

@@ -15,6 +15,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod hash_key;
 pub mod index;
 pub mod leases;
 pub mod policy;

@@ -279,7 +279,7 @@ fn run(capacity_blocks: u64, max_blocks: Option<u64>, ops: Vec<Op>) -> Result<()
     let (epoch, block_bytes) = cache.register(1, geometry(), now).unwrap();
     prop_assert_eq!(block_bytes, bb);
     let mut d = ModelDaemon::new(epoch);
-    let seed = HashSeed::new("model", None);
+    let seed = HashSeed::new(&mlxcel_ipc::HashKey([0; 32]), "model", None);
 
     for op in ops {
         now += Duration::from_millis(1);

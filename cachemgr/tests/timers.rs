@@ -32,6 +32,7 @@ impl Harness {
             rx,
             Duration::from_secs(1),
             stop.clone(),
+            mlxcel_ipc::HashKey([0; 32]),
         ));
         let handle = CacheHandle::new(tx);
         let (outbound, mut from_cache) = mpsc::unbounded_channel();

@@ -170,6 +170,13 @@ pub const KEYS: &[Key] = &[
     ),
     key(
         Cachemgr,
+        "hash-key-file",
+        "MLXCEL_HASH_KEY_FILE",
+        None,
+        Text,
+    ),
+    key(
+        Cachemgr,
         "max-connections",
         "MLXCEL_CACHE_MAX_CONNECTIONS",
         Some("64"),
@@ -267,6 +274,14 @@ pub const KEYS: &[Key] = &[
     key(Frontend, "host", "MLXCEL_HOST", Some("127.0.0.1"), Text),
     key(Frontend, "port", "MLXCEL_PORT", Some("8080"), Port),
     key(Frontend, "api-key", "MLXCEL_API_KEY", None, Secret),
+    key(
+        Frontend,
+        "api-keys-file",
+        "MLXCEL_API_KEYS_FILE",
+        None,
+        Text,
+    ),
+    key(Frontend, "admin-key", "MLXCEL_ADMIN_KEY", None, Secret),
     key(
         Frontend,
         "allowed-hosts",

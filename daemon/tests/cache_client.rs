@@ -55,7 +55,11 @@ fn chain(seed: u32, blocks: usize) -> Vec<BlockHash> {
     let tokens: Vec<u32> = (0..blocks as u32 * 32)
         .map(|i| seed * 100_000 + i)
         .collect();
-    block_hashes(&HashSeed::new("SmolLM2-135M-Instruct", None), &tokens, 32)
+    block_hashes(
+        &HashSeed::new(&mlxcel_ipc::HashKey([0; 32]), "SmolLM2-135M-Instruct", None),
+        &tokens,
+        32,
+    )
 }
 
 /// Blocks the engine holds for the cache.

@@ -48,6 +48,7 @@ async fn lying_manager(dir: PathBuf, mut answers: mpsc::UnboundedReceiver<Answer
                 call,
                 epoch: Epoch(1),
                 block_bytes: geometry.block_bytes().unwrap(),
+                hash_key: mlxcel_ipc::HashKey([9; 32]),
             },
             DaemonToCache::Donate { call, blocks } => {
                 let mut retained: Vec<BlockId> = blocks.iter().map(|b| b.block).collect();

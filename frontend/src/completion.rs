@@ -56,10 +56,12 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// Sends `req` to the daemon.
+    /// Sends `req` to the daemon, its blocks hashed with `cache_salt` (see
+    /// [`crate::tenants::cache_salt`]).
     pub fn start(
         session: &Arc<Session>,
         req: &ValidRequest,
+        cache_salt: Option<String>,
         slot: QueueSlot,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ApiError> {
@@ -70,7 +72,7 @@ impl Completion {
             stop_ids: session.model.stop_ids.clone(),
             sampling: req.sampling.clone(),
             logprobs: req.logprobs,
-            cache_salt: None,
+            cache_salt,
         })?;
         Ok(Self {
             generation,

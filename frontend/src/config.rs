@@ -1,11 +1,13 @@
 //! Command-line flags (each also settable by an `MLXCEL_*` environment variable).
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
 use mlxcel_ipc::size::parse_size;
+
+use crate::tenants::Keys;
 
 /// mlxcel-frontend: the OpenAI-compatible HTTP API (`/v1/chat/completions`, `/v1/completions`,
 /// `/v1/models`) plus `/health`, `/metrics` and `/v1/cache/*`, served over the mlxcel daemon
@@ -26,9 +28,21 @@ pub struct Args {
     #[arg(long, env = "MLXCEL_SOCKET_DIR", value_name = "DIR")]
     pub socket_dir: Option<PathBuf>,
 
-    /// Bearer token clients must send (`Authorization: Bearer <key>`) on every route but /health.
+    /// Bearer token clients must send (`Authorization: Bearer <key>`) on every route but
+    /// /health. Prefer MLXCEL_API_KEY or --api-keys-file: arguments are visible in `ps`.
     #[arg(long, env = "MLXCEL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+
+    /// A file of API keys, one per line, each optionally followed by a tenant name. Tenants
+    /// never share cached prefixes; a key without a name is a tenant of its own.
+    #[arg(long, env = "MLXCEL_API_KEYS_FILE", value_name = "FILE")]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// The key the admin routes (/v1/cache/entries, /v1/cache/evict) require once any key is
+    /// set. Without it, only a lone --api-key may use them. Prefer MLXCEL_ADMIN_KEY: arguments
+    /// are visible to other users in `ps`.
+    #[arg(long, env = "MLXCEL_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
 
     /// Host names served besides loopback ones and the bound address, comma-separated (`*` =
     /// any). Others get 421: a web page rebinding its name to this machine is refused.
@@ -66,6 +80,16 @@ pub struct Args {
 }
 
 impl Args {
+    /// The configured keys (the keys file read and checked here).
+    pub fn keys(&self) -> Result<Keys, String> {
+        let text = match &self.api_keys_file {
+            Some(path) => Some(read_secret_file(path)?),
+            None => None,
+        };
+        let file = self.api_keys_file.as_deref().zip(text.as_deref());
+        Keys::new(self.api_key.as_deref(), file, self.admin_key.as_deref())
+    }
+
     /// The address to bind, refusing a non-loopback one without an API key.
     pub fn bind_addr(&self) -> Result<(IpAddr, u16), String> {
         let ip: IpAddr = if self.host == "localhost" {
@@ -75,14 +99,35 @@ impl Args {
                 .parse()
                 .map_err(|_| format!("--host `{}` is not an IP address", self.host))?
         };
-        if !ip.is_loopback() && self.api_key.as_deref().is_none_or(str::is_empty) {
+        let keyed =
+            self.api_key.as_deref().is_some_and(|k| !k.is_empty()) || self.api_keys_file.is_some();
+        if !ip.is_loopback() && !keyed {
             return Err(format!(
-                "--host {ip} is reachable from other machines: set --api-key (or MLXCEL_API_KEY) \
-                 to require a bearer token, or bind to 127.0.0.1"
+                "--host {ip} is reachable from other machines: set MLXCEL_API_KEY (or --api-key, \
+                 --api-keys-file) to require a bearer token, or bind to 127.0.0.1"
             ));
         }
         Ok((ip, self.port))
     }
+}
+
+/// Reads a file of secrets, warning when other users may read it too.
+fn read_secret_file(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read --api-keys-file {}: {e}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(
+                file = %path.display(),
+                "the API keys file is readable by other users: chmod 600 it"
+            );
+        }
+    }
+    Ok(text)
 }
 
 #[cfg(test)]

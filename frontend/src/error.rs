@@ -29,6 +29,12 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
     Unauthorized,
+    /// An admin route (cache entries, evict) with a key that is not the admin key.
+    #[error(
+        "this route lists or evicts every tenant's cache entries: send the admin key \
+         (--admin-key / MLXCEL_ADMIN_KEY)"
+    )]
+    AdminRequired,
     /// A `Host` that is not ours (a DNS-rebinding page): see `--allowed-hosts`.
     #[error(
         "requests for host `{0}` are not served here (a web page may be rebinding its name to \
@@ -82,7 +88,7 @@ impl ApiError {
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::MisdirectedHost(_) => StatusCode::MISDIRECTED_REQUEST,
-            ApiError::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
+            ApiError::ForbiddenOrigin(_) | ApiError::AdminRequired => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::RouteNotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
@@ -104,6 +110,7 @@ impl ApiError {
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::MisdirectedHost(_) => "misdirected_host",
             ApiError::ForbiddenOrigin(_) => "forbidden_origin",
+            ApiError::AdminRequired => "admin_required",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::NotFound(_) | ApiError::RouteNotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",

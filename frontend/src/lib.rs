@@ -38,5 +38,6 @@ pub mod queue;
 pub mod respond;
 pub mod routes;
 pub mod state;
+pub mod tenants;
 pub mod text;
 pub mod validate;

@@ -76,11 +76,7 @@ async fn run(args: Args) -> Result<(), String> {
         },
         queue: WaitQueue::new(args.max_queue as usize),
         metrics: Arc::new(Metrics::default()),
-        api_key: args
-            .api_key
-            .clone()
-            .filter(|k| !k.is_empty())
-            .map(Arc::from),
+        keys: Arc::new(args.keys()?),
         gate: Arc::new(Gate::new(
             addr.0,
             gate::list(args.allowed_hosts.as_deref()),
@@ -90,7 +86,7 @@ async fn run(args: Args) -> Result<(), String> {
         body_timeout: args.body_timeout,
     };
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(address = %local, auth = state.api_key.is_some(), "front end listening");
+    tracing::info!(address = %local, auth = state.keys.required(), "front end listening");
     let app = routes::router(state);
     let stop = shutdown.clone();
     tokio::spawn(async move {

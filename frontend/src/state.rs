@@ -14,8 +14,8 @@ pub struct AppState {
     pub cache: CacheAdmin,
     pub queue: WaitQueue,
     pub metrics: Arc<Metrics>,
-    /// The bearer token clients must send (None = no authentication).
-    pub api_key: Option<Arc<str>>,
+    /// The API keys, their tenants and the admin key (none = no authentication).
+    pub keys: Arc<crate::tenants::Keys>,
     /// Which `Host` and `Origin` headers are served.
     pub gate: Arc<crate::gate::Gate>,
     pub max_body_bytes: usize,

@@ -32,7 +32,12 @@ pub struct ValidRequest {
     pub top_logprobs: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// The request's own `cache_salt`: requests with different salts never share cached blocks.
+    pub cache_salt: Option<String>,
 }
+
+/// The longest `cache_salt` accepted.
+const MAX_SALT_BYTES: usize = 1024;
 
 /// Validates a chat request and renders its prompt with the model's template.
 pub fn chat(req: &ChatRequest, model: &ModelText) -> Result<ValidRequest, ApiError> {
@@ -323,6 +328,15 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
             "is only allowed when `stream` is true",
         ));
     }
+    let cache_salt = match &p.cache_salt {
+        Some(s) if s.is_empty() || s.len() > MAX_SALT_BYTES => {
+            return Err(ApiError::param(
+                "cache_salt",
+                format!("must be a string of 1 to {MAX_SALT_BYTES} bytes"),
+            ));
+        }
+        salt => salt.clone(),
+    };
     Ok(ValidRequest {
         model: model_id,
         prompt,
@@ -333,6 +347,7 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
         top_logprobs,
         stream: p.stream,
         include_usage: p.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        cache_salt,
     })
 }
 

@@ -2,6 +2,9 @@
 //!
 //! A block's hash chains its parent's hash, its token ids and a seed made of the model id and an
 //! optional cache salt, so equal hashes mean equal tokens *and* equal everything before them.
+//! The seed is keyed with the installation's secret [`HashKey`] (kept by the cache manager,
+//! handed to the daemon when it registers), so no one can compute a block's hash, or the entry
+//! id shown for it, from public inputs: guessing another tenant's prompt offline is out.
 //! Everyone (daemon, tests, benchmarks) computes hashes with [`block_hashes`]; nothing else.
 
 use std::collections::HashMap;
@@ -27,22 +30,46 @@ impl Serialize for BlockHash {
 
 impl<'de> Deserialize<'de> for BlockHash {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Bytes32;
-        impl Visitor<'_> for Bytes32 {
-            type Value = BlockHash;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("32 bytes of block hash")
-            }
-            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<BlockHash, E> {
-                <[u8; 32]>::try_from(v)
-                    .map(BlockHash)
-                    .map_err(|_| E::invalid_length(v.len(), &self))
-            }
-            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<BlockHash, E> {
-                self.visit_bytes(&v)
-            }
-        }
-        d.deserialize_bytes(Bytes32)
+        d.deserialize_bytes(Bytes32).map(BlockHash)
+    }
+}
+
+/// Exactly 32 bytes, sent as one byte string.
+struct Bytes32;
+
+impl Visitor<'_> for Bytes32 {
+    type Value = [u8; 32];
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("32 bytes")
+    }
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<[u8; 32], E> {
+        <[u8; 32]>::try_from(v).map_err(|_| E::invalid_length(v.len(), &self))
+    }
+    fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<[u8; 32], E> {
+        self.visit_bytes(&v)
+    }
+}
+
+/// The installation's secret that keys every block hash (see the module docs). Its `Debug`
+/// never shows the bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct HashKey(pub [u8; 32]);
+
+impl Serialize for HashKey {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for HashKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_bytes(Bytes32).map(HashKey)
+    }
+}
+
+impl fmt::Debug for HashKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HashKey(..)")
     }
 }
 
@@ -107,9 +134,10 @@ pub struct HashSeed {
 
 impl HashSeed {
     /// A seed for `model_id` and an optional cache salt (tenants with different salts never
-    /// share blocks).
-    pub fn new(model_id: &str, salt: Option<&str>) -> Self {
-        let mut h = blake3::Hasher::new_derive_key("mlxcel block hash v1");
+    /// share blocks), keyed with the installation's `key`.
+    pub fn new(key: &HashKey, model_id: &str, salt: Option<&str>) -> Self {
+        let mut h = blake3::Hasher::new_keyed(&key.0);
+        h.update(b"mlxcel block hash v2");
         h.update(&(model_id.len() as u64).to_le_bytes());
         h.update(model_id.as_bytes());
         match salt {
@@ -166,9 +194,22 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    const K: HashKey = HashKey([7; 32]);
+
+    #[test]
+    fn the_key_separates_hashes_and_is_never_printed() {
+        let t = [1, 2, 3, 4];
+        let a = block_hashes(&HashSeed::new(&K, "m", None), &t, 4);
+        let b = block_hashes(&HashSeed::new(&HashKey([8; 32]), "m", None), &t, 4);
+        assert_ne!(a, b);
+        assert_eq!(format!("{K:?}"), "HashKey(..)");
+        let bytes = crate::codec::encode(&K).unwrap();
+        assert_eq!(crate::codec::decode::<HashKey>(&bytes).unwrap(), K);
+    }
+
     #[test]
     fn partial_blocks_have_no_hash() {
-        let seed = HashSeed::new("m", None);
+        let seed = HashSeed::new(&K, "m", None);
         assert_eq!(block_hashes(&seed, &[1, 2, 3, 4, 5], 2).len(), 2);
         assert!(block_hashes(&seed, &[1], 2).is_empty());
     }
@@ -176,16 +217,16 @@ mod tests {
     #[test]
     fn model_and_salt_separate_hashes() {
         let t = [1, 2, 3, 4];
-        let a = block_hashes(&HashSeed::new("m", None), &t, 4);
-        let b = block_hashes(&HashSeed::new("n", None), &t, 4);
-        let c = block_hashes(&HashSeed::new("m", Some("tenant")), &t, 4);
+        let a = block_hashes(&HashSeed::new(&K, "m", None), &t, 4);
+        let b = block_hashes(&HashSeed::new(&K, "n", None), &t, 4);
+        let c = block_hashes(&HashSeed::new(&K, "m", Some("tenant")), &t, 4);
         assert_ne!(a, b);
         assert_ne!(a, c);
     }
 
     #[test]
     fn a_hash_is_33_bytes_on_the_wire_and_a_short_one_is_refused() {
-        let h = HashSeed::new("m", None).chain(None, &[1, 2, 3]);
+        let h = HashSeed::new(&K, "m", None).chain(None, &[1, 2, 3]);
         let bytes = crate::codec::encode(&h).unwrap();
         assert_eq!(bytes.len(), 33);
         assert_eq!(crate::codec::decode::<BlockHash>(&bytes).unwrap(), h);
@@ -200,7 +241,7 @@ mod tests {
             a in 0u32..50_000, b in 0u32..50_000,
         ) {
             prop_assume!(a != b);
-            let seed = HashSeed::new("m", None);
+            let seed = HashSeed::new(&K, "m", None);
             let bt = 4;
             let full = prefix.len() / bt * bt;
             let mut x = prefix[..full].to_vec();

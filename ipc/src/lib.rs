@@ -36,7 +36,7 @@ pub mod signals;
 pub mod size;
 pub mod socket;
 
-pub use block_hash::{BlockHash, HashSeed};
+pub use block_hash::{BlockHash, HashKey, HashSeed};
 pub use connection::{Connection, FrameError, FrameReader, FrameWriter, Limits};
 pub use geometry::{Dtype, Geometry};
 pub use hello::{Hello, HelloReply, PROTOCOL_VERSION, Role};

@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use mlxcel_ipc::Geometry;
 use mlxcel_ipc::proto::admin::{AdminReply, AdminRequest};
 use mlxcel_ipc::proto::cache::{CacheToDaemon, DaemonToCache, Epoch};
 use mlxcel_ipc::proto::{ErrorCode, WireError};
+use mlxcel_ipc::{Geometry, HashKey};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -77,10 +77,12 @@ pub async fn cache_task(
     mut rx: mpsc::Receiver<Command>,
     tick: Duration,
     shutdown: CancellationToken,
+    hash_key: HashKey,
 ) {
     let mut task = Task {
         daemon: None,
         waiters: HashMap::new(),
+        hash_key,
     };
     let mut timer = tokio::time::interval(tick);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -103,6 +105,8 @@ struct Task {
     daemon: Option<(Epoch, mpsc::UnboundedSender<CacheToDaemon>)>,
     /// Admin `Reconcile` requests waiting for inventory `id`.
     waiters: HashMap<u64, Vec<oneshot::Sender<AdminReply>>>,
+    /// Handed to each daemon that registers: it keys the block hashes.
+    hash_key: HashKey,
 }
 
 impl Task {
@@ -134,6 +138,7 @@ impl Task {
                         call,
                         epoch,
                         block_bytes,
+                        hash_key: self.hash_key,
                     });
                     self.daemon = Some((epoch, outbound));
                     let _ = reply.send(Some(epoch));

@@ -36,6 +36,8 @@ pub struct ServerConfig {
     pub tick: Duration,
     /// How long a client may take to send its `Hello`.
     pub handshake_timeout: Duration,
+    /// The block-hash key's file (None: a fresh key for this process only, as in tests).
+    pub hash_key_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +48,7 @@ impl Default for ServerConfig {
             max_connections: 64,
             tick: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(5),
+            hash_key_file: None,
         }
     }
 }
@@ -56,6 +59,10 @@ pub async fn run(
     policy: Policy,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let hash_key = match &config.hash_key_file {
+        Some(path) => crate::hash_key::load_or_create(path).map_err(anyhow::Error::msg)?,
+        None => crate::hash_key::random()?,
+    };
     let dir = RuntimeDir::new(config.socket_dir.as_deref());
     dir.ensure()?;
     let path = dir.socket(CACHEMGR_SOCKET)?;
@@ -73,6 +80,7 @@ pub async fn run(
         rx,
         config.tick,
         shutdown.clone(),
+        hash_key,
     ));
 
     let permits = Arc::new(Semaphore::new(config.max_connections));

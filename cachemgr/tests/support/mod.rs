@@ -31,5 +31,9 @@ pub fn prompt_hashes(
         .map(|i| family * 100_000 + i)
         .collect();
     tokens.extend((0..own_blocks as u32 * 32).map(|i| 1_000_000 + own_seed * 10_000 + i));
-    block_hashes(&HashSeed::new("SmolLM2-135M-Instruct", None), &tokens, 32)
+    block_hashes(
+        &HashSeed::new(&mlxcel_ipc::HashKey([0; 32]), "SmolLM2-135M-Instruct", None),
+        &tokens,
+        32,
+    )
 }

@@ -51,6 +51,11 @@ impl Served {
                 "XDG_CONFIG_HOME".into(),
                 dir.path().to_string_lossy().into_owned(),
             ),
+            // The manager's block-hash key is created here, not in the user's state directory.
+            (
+                "XDG_STATE_HOME".into(),
+                dir.path().to_string_lossy().into_owned(),
+            ),
         ];
         all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let mut c = Command::new(bin("mlxcelctl"));

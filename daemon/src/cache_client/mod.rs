@@ -24,14 +24,14 @@ use mlxcel_ipc::proto::cache::{
     CacheToDaemon, CallId, DaemonToCache, DonateOutcome, DonatedBlock, Epoch, InventoryReport,
     LeaseId,
 };
-use mlxcel_ipc::{BlockHash, BlockId, Geometry};
+use mlxcel_ipc::{BlockHash, BlockId, Geometry, HashKey};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Something the manager wants the engine to do.
 #[derive(Debug)]
 pub enum ManagerOrder {
     /// A registration succeeded: the cache holds nothing yet in this epoch.
-    Registered(Epoch),
+    Registered(Registration),
     /// Drop the cache's reference on `blocks`, then signal `done`.
     Release {
         blocks: Vec<BlockId>,
@@ -50,6 +50,13 @@ pub enum ManagerOrder {
     Disconnected,
 }
 
+/// What a registration gave: the epoch, and the key every block hash of it is computed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registration {
+    pub epoch: Epoch,
+    pub hash_key: HashKey,
+}
+
 type Pending = Arc<Mutex<HashMap<CallId, oneshot::Sender<CacheToDaemon>>>>;
 /// Donations whose outcome goes to the orders channel: call id -> the engine's tag and when the
 /// donation was sent.
@@ -62,7 +69,7 @@ pub struct CacheClient {
     pending: Pending,
     donations: Donations,
     next_call: Arc<Mutex<CallId>>,
-    epoch: watch::Receiver<Option<Epoch>>,
+    registration: watch::Receiver<Option<Registration>>,
     timeout: Duration,
 }
 
@@ -88,13 +95,13 @@ impl CacheClient {
         let (outgoing, out_rx) = mpsc::unbounded_channel();
         let pending: Pending = Arc::default();
         let donations: Donations = Arc::default();
-        let (epoch_tx, epoch) = watch::channel(None);
+        let (epoch_tx, registration) = watch::channel(None);
         let client = CacheClient {
             outgoing,
             pending: pending.clone(),
             donations: donations.clone(),
             next_call: Arc::default(),
-            epoch,
+            registration,
             timeout: config.request_timeout,
         };
         tokio::spawn(session::connection_task(
@@ -112,12 +119,17 @@ impl CacheClient {
 
     /// The current epoch (None while not registered).
     pub fn epoch(&self) -> Option<Epoch> {
-        *self.epoch.borrow()
+        self.registration().map(|r| r.epoch)
+    }
+
+    /// The current registration (None while not registered).
+    pub fn registration(&self) -> Option<Registration> {
+        *self.registration.borrow()
     }
 
     /// Waits until registered (or `limit` passes); true if registered.
     pub async fn wait_registered(&mut self, limit: Duration) -> bool {
-        let wait = self.epoch.wait_for(Option::is_some);
+        let wait = self.registration.wait_for(Option::is_some);
         matches!(tokio::time::timeout(limit, wait).await, Ok(Ok(_)))
     }
 

@@ -4,17 +4,17 @@
 use std::time::Duration;
 
 use mlxcel_ipc::client::{ClientError, connect};
-use mlxcel_ipc::proto::cache::{CacheToDaemon, DaemonToCache, Epoch, ReleaseId};
+use mlxcel_ipc::proto::cache::{CacheToDaemon, DaemonToCache, ReleaseId};
 use mlxcel_ipc::{FrameReader, FrameWriter, Limits, Role};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{CacheClientConfig, Donations, ManagerOrder, Pending};
+use super::{CacheClientConfig, Donations, ManagerOrder, Pending, Registration};
 
 /// State shared between the handle and the connection task.
 pub(super) struct Shared {
     pub(super) pending: Pending,
     pub(super) donations: Donations,
-    pub(super) epoch: watch::Sender<Option<Epoch>>,
+    pub(super) epoch: watch::Sender<Option<Registration>>,
     pub(super) orders: mpsc::UnboundedSender<ManagerOrder>,
 }
 
@@ -167,15 +167,17 @@ async fn handle(
         CacheToDaemon::Registered {
             epoch: e,
             block_bytes,
+            hash_key,
             ..
         } => {
+            let registration = Registration { epoch: e, hash_key };
             tracing::info!(
                 epoch = e.0,
                 block_bytes,
                 "registered with the cache manager"
             );
-            let _ = orders.send(ManagerOrder::Registered(e));
-            let _ = epoch.send(Some(e));
+            let _ = orders.send(ManagerOrder::Registered(registration));
+            let _ = epoch.send(Some(registration));
         }
         CacheToDaemon::Error {
             call: Some(0),

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use mlxcel_ipc::proto::cache::{DonatedBlock, Epoch, InventoryReport, LeaseId};
 use mlxcel_ipc::proto::daemon::PoolStats;
-use mlxcel_ipc::{BlockHash, BlockId};
+use mlxcel_ipc::{BlockHash, BlockId, HashKey, HashSeed};
 
 use crate::cache_client::{CacheClient, ManagerOrder};
 use crate::pool::BlockPool;
@@ -48,6 +48,8 @@ pub struct CacheLink {
     client: Option<CacheClient>,
     runtime: Option<tokio::runtime::Handle>,
     epoch: Option<Epoch>,
+    /// The registration's block-hash key.
+    hash_key: Option<HashKey>,
     /// Blocks the cache holds a reference on, with the hash each was donated under.
     held: HashMap<BlockId, BlockHash>,
     /// Donations awaiting their outcome, by tag.
@@ -62,6 +64,12 @@ impl CacheLink {
     pub fn attach(&mut self, client: CacheClient, runtime: tokio::runtime::Handle) {
         self.client = Some(client);
         self.runtime = Some(runtime);
+    }
+
+    /// The seed block hashes of `model_id` and `salt` are computed with in this registration
+    /// (None while unregistered: nothing can be offered then).
+    pub fn hash_seed(&self, model_id: &str, salt: Option<&str>) -> Option<HashSeed> {
+        self.hash_key.map(|k| HashSeed::new(&k, model_id, salt))
     }
 
     /// Blocks held for the cache.
@@ -160,7 +168,10 @@ impl CacheLink {
         stats: impl FnOnce() -> PoolStats,
     ) {
         match order {
-            ManagerOrder::Registered(epoch) => self.epoch = Some(epoch),
+            ManagerOrder::Registered(r) => {
+                self.epoch = Some(r.epoch);
+                self.hash_key = Some(r.hash_key);
+            }
             ManagerOrder::Release { blocks, done } => {
                 for b in blocks {
                     if self.held.remove(&b).is_some() {
@@ -204,6 +215,7 @@ impl CacheLink {
             }
             ManagerOrder::Disconnected => {
                 self.epoch = None;
+                self.hash_key = None;
                 self.drop_held(pool);
             }
         }

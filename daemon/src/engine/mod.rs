@@ -359,7 +359,12 @@ impl Engine {
     /// is queued to the manager first, so a request sent after this `Done` finds its prefix.
     fn finish(&mut self, mut s: Sequence, reason: FinishReason) {
         let usage = s.usage();
-        let hashes = s.full_block_hashes(&self.loaded.model_id, self.config.block_tokens);
+        let hashes = self
+            .cache
+            .hash_seed(&self.loaded.model_id, s.salt.as_deref())
+            .map_or_else(Vec::new, |seed| {
+                s.full_block_hashes(&seed, self.config.block_tokens)
+            });
         let offered: Vec<DonatedBlock> = hashes
             .iter()
             .zip(&s.kv.table)

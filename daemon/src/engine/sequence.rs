@@ -143,9 +143,13 @@ impl Sequence {
             .collect()
     }
 
-    /// Hashes of the full blocks of the stored tokens.
-    pub fn full_block_hashes(&self, model_id: &str, block_tokens: usize) -> Vec<BlockHash> {
-        let seed = mlxcel_ipc::HashSeed::new(model_id, self.salt.as_deref());
-        mlxcel_ipc::block_hash::block_hashes(&seed, &self.stored_tokens(), block_tokens)
+    /// Hashes of the full blocks of the stored tokens, from `seed` (made with this sequence's
+    /// salt).
+    pub fn full_block_hashes(
+        &self,
+        seed: &mlxcel_ipc::HashSeed,
+        block_tokens: usize,
+    ) -> Vec<BlockHash> {
+        mlxcel_ipc::block_hash::block_hashes(seed, &self.stored_tokens(), block_tokens)
     }
 }

@@ -175,10 +175,10 @@ fn lock(ends: &Mutex<Ends>) -> std::sync::MutexGuard<'_, Ends> {
 
 /// The full-block hashes of a prompt to ask the cache for (none while no manager is registered).
 fn prefix_hashes(shared: &Shared, prompt: &[u32], salt: Option<&str>) -> Vec<BlockHash> {
-    if shared.cache.epoch().is_none() {
+    let Some(registration) = shared.cache.registration() else {
         return Vec::new();
-    }
-    let seed = HashSeed::new(&shared.info.model_id, salt);
+    };
+    let seed = HashSeed::new(&registration.hash_key, &shared.info.model_id, salt);
     mlxcel_ipc::block_hash::block_hashes(&seed, prompt, shared.block_tokens)
 }
 

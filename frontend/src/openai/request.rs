@@ -68,6 +68,8 @@ pub struct CommonParams {
     pub repetition_penalty: Option<f64>,
     pub n: Option<u32>,
     pub user: Option<String>,
+    /// Requests with different salts never share cached prefixes (as in vLLM).
+    pub cache_salt: Option<String>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,

@@ -14,11 +14,13 @@ use crate::openai::request::{ChatRequest, CompletionRequest};
 use crate::respond::{self, Chunker, Kind};
 use crate::routes::RequestId;
 use crate::state::AppState;
+use crate::tenants::{self, Caller};
 use crate::validate::{self, ValidRequest};
 
 pub async fn chat(
     State(app): State<AppState>,
     Extension(rid): Extension<RequestId>,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
     let session = app.daemon.session()?;
@@ -26,6 +28,7 @@ pub async fn chat(
     run(
         &app,
         &session,
+        &caller,
         valid,
         Kind::Chat,
         format!("chatcmpl-{}", rid.0),
@@ -36,6 +39,7 @@ pub async fn chat(
 pub async fn completions(
     State(app): State<AppState>,
     Extension(rid): Extension<RequestId>,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let session = app.daemon.session()?;
@@ -43,6 +47,7 @@ pub async fn completions(
     run(
         &app,
         &session,
+        &caller,
         valid,
         Kind::Completion,
         format!("cmpl-{}", rid.0),
@@ -50,10 +55,11 @@ pub async fn completions(
     .await
 }
 
-/// Admits `valid` to the queue, sends it, and answers in `kind`'s shape.
+/// Admits `valid` to the queue, sends it (in the caller's tenant), and answers in `kind`'s shape.
 async fn run(
     app: &AppState,
     session: &Arc<Session>,
+    caller: &Caller,
     valid: ValidRequest,
     kind: Kind,
     id: String,
@@ -65,7 +71,8 @@ async fn run(
         stream = valid.stream,
         "generation admitted"
     );
-    let completion = Completion::start(session, &valid, slot, app.metrics.clone())?;
+    let salt = tenants::cache_salt(caller.tenant.as_deref(), valid.cache_salt.as_deref());
+    let completion = Completion::start(session, &valid, salt, slot, app.metrics.clone())?;
     let mut chunker = Chunker::new(kind, id, valid.model.clone());
     chunker.include_usage = valid.include_usage;
     chunker.logprobs = valid.logprobs;

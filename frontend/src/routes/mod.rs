@@ -20,6 +20,7 @@ pub use cache::EvictBody;
 
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::tenants::Caller;
 
 /// The request's id: the client's `x-request-id` when it is sane, else one of ours.
 #[derive(Debug, Clone)]
@@ -29,14 +30,17 @@ const REQUEST_ID: &str = "x-request-id";
 
 /// Builds the application.
 pub fn router(state: AppState) -> Router {
+    let admin = Router::new()
+        .route("/v1/cache/entries", get(cache::entries))
+        .route("/v1/cache/evict", post(cache::evict))
+        .route_layer(middleware::from_fn(require_admin));
     let guarded = Router::new()
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/models", get(ops::models))
         .route("/metrics", get(ops::metrics))
         .route("/v1/cache/stats", get(cache::stats))
-        .route("/v1/cache/entries", get(cache::entries))
-        .route("/v1/cache/evict", post(cache::evict))
+        .merge(admin)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(guarded)
@@ -92,29 +96,27 @@ fn refusal(gate: &crate::gate::Gate, headers: &axum::http::HeaderMap) -> Option<
     None
 }
 
-/// Refuses requests without the configured bearer token (constant-time comparison).
-async fn require_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &app.api_key {
-        let sent = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(sent.trim().as_bytes(), key.as_bytes()) {
-            return ApiError::Unauthorized.into_response();
-        }
-    }
+/// Refuses requests without one of the configured bearer tokens, and tells the handlers who
+/// sent the others ([`Caller`]: the tenant, whether admin).
+async fn require_key(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+    let sent = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let Some(caller) = app.keys.identify(sent) else {
+        return ApiError::Unauthorized.into_response();
+    };
+    req.extensions_mut().insert(caller);
     next.run(req).await
 }
 
-/// Compares without an early exit, so timing does not reveal how much of a key matched.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, &x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(!x));
+/// Refuses the admin routes to callers without the admin key (see [`crate::tenants`]).
+async fn require_admin(req: Request, next: Next) -> Response {
+    if !req.extensions().get::<Caller>().is_some_and(|c| c.admin) {
+        return ApiError::AdminRequired.into_response();
     }
-    diff == 0
+    next.run(req).await
 }
 
 /// Assigns the request id (echoed in `x-request-id`), logs the request at debug level (never
@@ -153,18 +155,4 @@ async fn request_context(State(app): State<AppState>, mut req: Request, next: Ne
         response.headers_mut().insert(REQUEST_ID, v);
     }
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::constant_time_eq;
-
-    #[test]
-    fn keys_compare_equal_only_when_identical() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
-        assert!(constant_time_eq(b"", b""));
-    }
 }

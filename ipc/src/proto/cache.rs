@@ -143,6 +143,8 @@ pub enum CacheToDaemon {
         call: CallId,
         epoch: Epoch,
         block_bytes: u64,
+        /// The installation's secret block-hash key (see [`crate::HashKey`]).
+        hash_key: crate::HashKey,
     },
     /// The longest cached prefix: `blocks[i]` holds `hashes[i]`; a lease pins them unless empty.
     Acquired {

@@ -26,7 +26,11 @@ impl Counts {
 
 fn hashes(seed: u32, blocks: usize) -> Vec<BlockHash> {
     let tokens: Vec<u32> = (0..blocks as u32 * 4).map(|t| seed * 1000 + t).collect();
-    block_hashes(&HashSeed::new("m", None), &tokens, 4)
+    block_hashes(
+        &HashSeed::new(&mlxcel_ipc::HashKey([0; 32]), "m", None),
+        &tokens,
+        4,
+    )
 }
 
 /// A link holding `blocks` for the cache under `hashes`, as after an accepted donation.
