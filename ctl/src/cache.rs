@@ -91,6 +91,7 @@ pub async fn run(cmd: CacheCommand, socket_dir: Option<&Path>) -> anyhow::Result
     let dir = RuntimeDir::new(socket_dir);
     let path = dir.socket(CACHEMGR_SOCKET)?;
     let mut client = AdminClient::connect(&path, Role::Admin).await.map_err(|e| match e {
+        ClientError::Socket(e @ mlxcel_ipc::socket::SocketError::Untrusted { .. }) => anyhow!(e),
         ClientError::Socket(_) => anyhow!(
             "the cache manager is not running (no server on {}); start it with `make serve` or `mlxcel-cachemgr`",
             path.display()

@@ -54,6 +54,9 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), String> {
     let addr = args.bind_addr()?;
     let dir = RuntimeDir::new(args.socket_dir.as_deref());
+    // Ours alone (0700, owned by us) before anything connects through it: another user who
+    // created it first would receive every prompt.
+    dir.ensure().map_err(|e| e.to_string())?;
     let daemon_socket = dir.socket(DAEMON_SOCKET).map_err(|e| e.to_string())?;
     let cachemgr_socket = dir.socket(CACHEMGR_SOCKET).map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(addr)

@@ -39,7 +39,7 @@ pub async fn connect_with_pid(
     role: Role,
     limits: Limits,
 ) -> Result<(Connection<LocalStream>, u32), ClientError> {
-    let stream = socket::connect(path).await?;
+    let stream = socket::connect_trusted(path).await?;
     let mut conn = Connection::new(stream, limits);
     conn.write_frame(&Hello::new(role)).await?;
     match conn.read_frame::<HelloReply>().await? {

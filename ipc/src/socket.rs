@@ -6,7 +6,7 @@
 //! getpeereid on macOS).
 
 use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use interprocess::local_socket::traits::tokio::{Listener as _, Stream as _};
@@ -26,6 +26,9 @@ pub enum SocketError {
     AlreadyRunning { path: PathBuf },
     #[error("{path} exists and is not a socket; refusing to remove it")]
     NotASocket { path: PathBuf },
+    /// The socket, its directory or the process behind it is not ours alone.
+    #[error("refusing to connect to {path}: {reason}")]
+    Untrusted { path: PathBuf, reason: String },
     #[error("socket {path}: {source}")]
     Io {
         path: PathBuf,
@@ -122,6 +125,55 @@ pub async fn connect(path: &Path) -> Result<LocalStream, SocketError> {
     }
 }
 
+/// Connects to a server socket only if nobody else could have put it there and only our own
+/// user answers: its directory is a real directory (no symlink) that we own and nobody else may
+/// enter (0700), the socket is ours, and the peer runs as our uid. Every mlxcel client connects
+/// through this (the front end, `mlxcelctl`, the daemon's cache client).
+pub async fn connect_trusted(path: &Path) -> Result<LocalStream, SocketError> {
+    let untrusted = |reason: String| SocketError::Untrusted {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let us = nix::unistd::geteuid().as_raw();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        match std::fs::symlink_metadata(dir) {
+            Ok(meta) if !meta.is_dir() => {
+                return Err(untrusted(format!(
+                    "{} is not a directory (a symlink?)",
+                    dir.display()
+                )));
+            }
+            Ok(meta) if meta.uid() != us => {
+                return Err(untrusted(format!(
+                    "{} belongs to uid {}, not to us (uid {us})",
+                    dir.display(),
+                    meta.uid()
+                )));
+            }
+            Ok(meta) if meta.mode() & 0o077 != 0 => {
+                return Err(untrusted(format!(
+                    "{} is open to other users (mode {:o}); it must be 0700",
+                    dir.display(),
+                    meta.mode() & 0o777
+                )));
+            }
+            // A missing directory: nothing listens; `connect` says so.
+            _ => {}
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.uid() != us
+    {
+        return Err(untrusted(format!(
+            "the socket belongs to uid {}, not to us (uid {us})",
+            meta.uid()
+        )));
+    }
+    let stream = connect(path).await?;
+    check_peer(&stream).map_err(untrusted)?;
+    Ok(stream)
+}
+
 /// The effective uid of the process at the other end of `stream`.
 pub fn peer_uid(stream: &LocalStream) -> std::io::Result<u32> {
     let fd = stream.as_fd();
@@ -174,6 +226,38 @@ mod tests {
         ));
         server.await.unwrap();
         assert!(!path.exists(), "a dropped listener removes its socket file");
+    }
+
+    #[tokio::test]
+    async fn clients_refuse_a_directory_others_could_enter_or_a_symlinked_one() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::runtime_dir::RuntimeDir::new(Some(dir.path()))
+            .ensure()
+            .unwrap();
+        let path = dir.path().join("s.sock");
+        let _listener = bind(&path).await.unwrap();
+        let ok = connect_trusted(&path).await;
+        assert!(ok.is_ok(), "our own 0700 directory: {:?}", ok.err());
+
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = connect_trusted(&path).await.unwrap_err().to_string();
+        assert!(e.contains("must be 0700"), "{e}");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+
+        let link = tempfile::tempdir().unwrap();
+        let via = link.path().join("dir");
+        std::os::unix::fs::symlink(dir.path(), &via).unwrap();
+        let e = connect_trusted(&via.join("s.sock"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symlink"), "{e}");
+
+        let missing = dir.path().join("none.sock");
+        assert!(matches!(
+            connect_trusted(&missing).await,
+            Err(SocketError::NotRunning { .. })
+        ));
     }
 
     /// Runs only as root (CI does): a child that switched to `nobody` connects to a socket we
