@@ -299,6 +299,20 @@ pub const KEYS: &[Key] = &[
     key(Frontend, "max-queue", "MLXCEL_MAX_QUEUE", Some("64"), Count),
     key(
         Frontend,
+        "max-connections",
+        "MLXCEL_MAX_CONNECTIONS",
+        Some("512"),
+        Count,
+    ),
+    key(
+        Frontend,
+        "write-timeout",
+        "MLXCEL_WRITE_TIMEOUT",
+        Some("30s"),
+        Duration,
+    ),
+    key(
+        Frontend,
         "max-body-bytes",
         "MLXCEL_MAX_BODY_BYTES",
         Some("8MiB"),

@@ -69,7 +69,11 @@ impl Completion {
             request_id: 0,
             prompt: req.prompt.clone(),
             max_tokens: req.max_tokens,
-            stop_ids: session.model.stop_ids.clone(),
+            stop_ids: if req.ignore_eos {
+                Vec::new()
+            } else {
+                session.model.stop_ids.clone()
+            },
             sampling: req.sampling.clone(),
             logprobs: req.logprobs,
             cache_salt,

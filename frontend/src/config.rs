@@ -62,6 +62,15 @@ pub struct Args {
     #[arg(long, env = "MLXCEL_MAX_BODY_BYTES", default_value = "8MiB", value_parser = parse_size)]
     pub max_body_bytes: u64,
 
+    /// Open HTTP connections served at once; one more gets 503 and is closed.
+    #[arg(long, env = "MLXCEL_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// A client that reads nothing of its response for this long is disconnected and its
+    /// generation cancelled (its blocks freed).
+    #[arg(long, env = "MLXCEL_WRITE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub write_timeout: Duration,
+
     /// A request's headers must arrive within this long, or the connection is closed.
     #[arg(long, env = "MLXCEL_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub header_timeout: Duration,

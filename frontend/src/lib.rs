@@ -37,6 +37,7 @@ pub mod openai;
 pub mod queue;
 pub mod respond;
 pub mod routes;
+pub mod stall_guard;
 pub mod state;
 pub mod tenants;
 pub mod text;

@@ -97,7 +97,12 @@ async fn run(args: Args) -> Result<(), String> {
         tracing::info!("stopping");
         stop.cancel();
     });
-    http_server::serve(listener, app, args.header_timeout, shutdown).await;
+    let bounds = http_server::Bounds {
+        max_connections: args.max_connections as usize,
+        header_timeout: args.header_timeout,
+        write_timeout: args.write_timeout,
+    };
+    http_server::serve(listener, app, bounds, shutdown).await;
     tracing::info!("stopped");
     Ok(())
 }

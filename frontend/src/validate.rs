@@ -34,6 +34,8 @@ pub struct ValidRequest {
     pub include_usage: bool,
     /// The request's own `cache_salt`: requests with different salts never share cached blocks.
     pub cache_salt: Option<String>,
+    /// Do not stop at the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
 }
 
 /// The longest `cache_salt` accepted.
@@ -348,6 +350,7 @@ fn finish(draft: Draft, p: &CommonParams, model: &ModelText) -> Result<ValidRequ
         stream: p.stream,
         include_usage: p.stream_options.as_ref().is_some_and(|o| o.include_usage),
         cache_salt,
+        ignore_eos: p.ignore_eos,
     })
 }
 

@@ -70,6 +70,9 @@ pub struct CommonParams {
     pub user: Option<String>,
     /// Requests with different salts never share cached prefixes (as in vLLM).
     pub cache_salt: Option<String>,
+    /// Generate to `max_tokens` past end-of-sequence tokens (as in vLLM; for benchmarks).
+    #[serde(default)]
+    pub ignore_eos: bool,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
