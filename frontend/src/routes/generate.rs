@@ -11,6 +11,7 @@ use crate::completion::Completion;
 use crate::daemon_link::Session;
 use crate::error::ApiError;
 use crate::openai::request::{ChatRequest, CompletionRequest};
+use crate::queue::QueueSlot;
 use crate::respond::{self, Chunker, Kind};
 use crate::routes::RequestId;
 use crate::state::AppState;
@@ -24,11 +25,14 @@ pub async fn chat(
     JsonBody(req): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
     let session = app.daemon.session()?;
-    let valid = validate::chat(&req, &session.model)?;
+    let slot = app.queue.enter()?;
+    let model = session.model.clone();
+    let valid = off_the_workers(move || validate::chat(&req, &model)).await?;
     run(
         &app,
         &session,
         &caller,
+        slot,
         valid,
         Kind::Chat,
         format!("chatcmpl-{}", rid.0),
@@ -43,11 +47,14 @@ pub async fn completions(
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let session = app.daemon.session()?;
-    let valid = validate::completion(&req, &session.model)?;
+    let slot = app.queue.enter()?;
+    let model = session.model.clone();
+    let valid = off_the_workers(move || validate::completion(&req, &model)).await?;
     run(
         &app,
         &session,
         &caller,
+        slot,
         valid,
         Kind::Completion,
         format!("cmpl-{}", rid.0),
@@ -55,16 +62,16 @@ pub async fn completions(
     .await
 }
 
-/// Admits `valid` to the queue, sends it (in the caller's tenant), and answers in `kind`'s shape.
+/// Sends `valid` (admitted as `slot`, in the caller's tenant) and answers in `kind`'s shape.
 async fn run(
     app: &AppState,
     session: &Arc<Session>,
     caller: &Caller,
+    slot: QueueSlot,
     valid: ValidRequest,
     kind: Kind,
     id: String,
 ) -> Result<Response, ApiError> {
-    let slot = app.queue.enter()?;
     tracing::debug!(
         prompt_tokens = valid.prompt.len(),
         max_tokens = valid.max_tokens,
@@ -82,4 +89,15 @@ async fn run(
     } else {
         respond::collect(completion, chunker).await
     }
+}
+
+/// Runs templating and tokenizing (milliseconds to seconds for a body of megabytes) on the
+/// blocking pool, after admission: a large body never stalls the async workers that serve
+/// every other connection, and a full queue refuses it before any of that work.
+async fn off_the_workers(
+    work: impl FnOnce() -> Result<ValidRequest, ApiError> + Send + 'static,
+) -> Result<ValidRequest, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(ApiError::Generation(format!("validation failed: {e}"))))
 }
