@@ -40,10 +40,15 @@ pub struct Shared {
     pub vitals: Vitals,
 }
 
+/// Connections served at once (front ends and `mlxcelctl`; one front end uses one). More are
+/// closed at once, so a runaway local client cannot exhaust the daemon's descriptors or memory.
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// Accepts connections until `shutdown`.
 pub async fn serve(listener: LocalListener, shared: Shared, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
     let next_conn = AtomicU64::new(1);
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -56,6 +61,14 @@ pub async fn serve(listener: LocalListener, shared: Shared, shutdown: Cancellati
                 }
             },
         };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(
+                limit = MAX_CONNECTIONS,
+                "connection closed: too many connections to the daemon"
+            );
+            drop(stream);
+            continue;
+        };
         let conn = next_conn.fetch_add(1, Ordering::Relaxed);
         let shared = shared.clone();
         let shutdown = shutdown.clone();
@@ -64,6 +77,7 @@ pub async fn serve(listener: LocalListener, shared: Shared, shutdown: Cancellati
                 _ = shutdown.cancelled() => {}
                 _ = connection(stream, conn, &shared) => {}
             }
+            drop(permit);
         });
     }
     tracker.close();
