@@ -32,6 +32,14 @@ fn main() -> ExitCode {
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");
     }
+    for flag in ["--api-key", "--admin-key"] {
+        if std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}="))) {
+            tracing::warn!(
+                "{flag} on the command line is visible to every local user in `ps`; use its \
+                 environment variable, the configuration file or --api-keys-file"
+            );
+        }
+    }
     // Two workers: the front end is mostly waiting, and the daemon needs the cores.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
