@@ -130,46 +130,46 @@ pub async fn connect(path: &Path) -> Result<LocalStream, SocketError> {
 /// enter (0700), the socket is ours, and the peer runs as our uid. Every mlxcel client connects
 /// through this (the front end, `mlxcelctl`, the daemon's cache client).
 pub async fn connect_trusted(path: &Path) -> Result<LocalStream, SocketError> {
+    // Connect first: nothing listening is `NotRunning`, whatever the directory; nothing is
+    // sent before the checks below pass.
+    let stream = connect(path).await?;
     let untrusted = |reason: String| SocketError::Untrusted {
         path: path.to_path_buf(),
         reason,
     };
     let us = nix::unistd::geteuid().as_raw();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        match std::fs::symlink_metadata(dir) {
-            Ok(meta) if !meta.is_dir() => {
-                return Err(untrusted(format!(
-                    "{} is not a directory (a symlink?)",
-                    dir.display()
-                )));
-            }
-            Ok(meta) if meta.uid() != us => {
-                return Err(untrusted(format!(
-                    "{} belongs to uid {}, not to us (uid {us})",
-                    dir.display(),
-                    meta.uid()
-                )));
-            }
-            Ok(meta) if meta.mode() & 0o077 != 0 => {
-                return Err(untrusted(format!(
-                    "{} is open to other users (mode {:o}); it must be 0700",
-                    dir.display(),
-                    meta.mode() & 0o777
-                )));
-            }
-            // A missing directory: nothing listens; `connect` says so.
-            _ => {}
+        let meta = std::fs::symlink_metadata(dir)
+            .map_err(|e| untrusted(format!("cannot inspect {}: {e}", dir.display())))?;
+        if !meta.is_dir() {
+            return Err(untrusted(format!(
+                "{} is not a directory (a symlink?)",
+                dir.display()
+            )));
+        }
+        if meta.uid() != us {
+            return Err(untrusted(format!(
+                "{} belongs to uid {}, not to us (uid {us})",
+                dir.display(),
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(untrusted(format!(
+                "{} is open to other users (mode {:o}); it must be 0700",
+                dir.display(),
+                meta.mode() & 0o777
+            )));
         }
     }
-    if let Ok(meta) = std::fs::symlink_metadata(path)
-        && meta.uid() != us
-    {
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| untrusted(format!("cannot inspect the socket: {e}")))?;
+    if meta.uid() != us {
         return Err(untrusted(format!(
             "the socket belongs to uid {}, not to us (uid {us})",
             meta.uid()
         )));
     }
-    let stream = connect(path).await?;
     check_peer(&stream).map_err(untrusted)?;
     Ok(stream)
 }
