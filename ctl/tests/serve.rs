@@ -112,7 +112,9 @@ fn children_die_with_serve(signal: Signal) {
         .map(|n| pid_of(&st, n).unwrap_or_else(|| panic!("{n}: {st}")))
         .collect();
     kill(served.child.id() as i32, signal);
-    let _ = served.child.wait();
+    wait_until(Duration::from_secs(60), "serve ended on the signal", || {
+        served.child.try_wait().is_ok_and(|s| s.is_some())
+    });
     let started = Instant::now();
     wait_until(
         Duration::from_secs(5),

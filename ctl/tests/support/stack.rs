@@ -61,6 +61,20 @@ impl Served {
         let mut c = Command::new(bin("mlxcelctl"));
         c.args(["serve", "--socket-dir"]).arg(dir.path());
         c.envs(all.iter().map(|(k, v)| (k, v)));
+        // As from a terminal: a test run under `nohup` would otherwise pass on an ignored
+        // SIGHUP, and the hang-up test would wait for ever.
+        // SAFETY: between fork and exec only an async-signal-safe call (sigaction) runs.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            c.pre_exec(|| {
+                nix::sys::signal::signal(
+                    nix::sys::signal::Signal::SIGHUP,
+                    nix::sys::signal::SigHandler::SigDfl,
+                )
+                .map(drop)
+                .map_err(std::io::Error::from)
+            });
+        }
         let mut child = c
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
