@@ -12,9 +12,9 @@ use std::collections::HashMap;
 
 use mlxcel_ipc::proto::cache::{DonatedBlock, Epoch, InventoryReport, LeaseId};
 use mlxcel_ipc::proto::daemon::PoolStats;
-use mlxcel_ipc::{BlockHash, BlockId, HashKey, HashSeed};
+use mlxcel_ipc::{BlockHash, BlockId, HashSeed};
 
-use crate::cache_client::{CacheClient, ManagerOrder};
+use crate::cache_client::{CacheClient, ManagerOrder, Registration};
 use crate::pool::BlockPool;
 
 /// The pool operations the link needs (the pool itself, or a counting fake in tests).
@@ -47,9 +47,8 @@ struct Finishing {
 pub struct CacheLink {
     client: Option<CacheClient>,
     runtime: Option<tokio::runtime::Handle>,
-    epoch: Option<Epoch>,
-    /// The registration's block-hash key.
-    hash_key: Option<HashKey>,
+    /// The current registration: its epoch and block-hash key (None while unregistered).
+    registration: Option<Registration>,
     /// Blocks the cache holds a reference on, with the hash each was donated under.
     held: HashMap<BlockId, BlockHash>,
     /// Donations awaiting their outcome, by tag.
@@ -69,7 +68,8 @@ impl CacheLink {
     /// The seed block hashes of `model_id` and `salt` are computed with in this registration
     /// (None while unregistered: nothing can be offered then).
     pub fn hash_seed(&self, model_id: &str, salt: Option<&str>) -> Option<HashSeed> {
-        self.hash_key.map(|k| HashSeed::new(&k, model_id, salt))
+        self.registration
+            .map(|r| HashSeed::new(&r.hash_key, model_id, salt))
     }
 
     /// Blocks held for the cache.
@@ -168,10 +168,7 @@ impl CacheLink {
         stats: impl FnOnce() -> PoolStats,
     ) {
         match order {
-            ManagerOrder::Registered(r) => {
-                self.epoch = Some(r.epoch);
-                self.hash_key = Some(r.hash_key);
-            }
+            ManagerOrder::Registered(r) => self.registration = Some(r),
             ManagerOrder::Release { blocks, done } => {
                 for b in blocks {
                     if self.held.remove(&b).is_some() {
@@ -214,8 +211,7 @@ impl CacheLink {
                 }
             }
             ManagerOrder::Disconnected => {
-                self.epoch = None;
-                self.hash_key = None;
+                self.registration = None;
                 self.drop_held(pool);
             }
         }
@@ -226,7 +222,7 @@ impl CacheLink {
         let mut cache_blocks: Vec<BlockId> = self.held.keys().copied().collect();
         cache_blocks.sort_unstable();
         InventoryReport {
-            epoch: self.epoch.unwrap_or(Epoch(0)),
+            epoch: self.registration.map_or(Epoch(0), |r| r.epoch),
             cache_blocks,
             pool_blocks: stats.total_blocks,
             free_blocks: stats.free_blocks,
