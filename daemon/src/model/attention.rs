@@ -6,6 +6,7 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype, ops};
 
+use super::fast_exp::{LOG2_E, softmax2_last};
 use crate::Result;
 use crate::kv::BatchKeys;
 
@@ -22,7 +23,12 @@ pub(super) fn explicit_attention(
     let (heads, t, hd) = (qs[1], qs[2], qs[3]);
     let kv_heads = heads / group;
     // [1, kvh, g*t, hd] x [1, kvh, hd, n_i] -> [1, kvh, g*t, n_i], per span, then joined.
-    let q = ops::multiply(q, Array::from_f32(scale))?.reshape(&[1, kv_heads, group * t, hd])?;
+    let q = ops::multiply(q, Array::from_f32(scale * LOG2_E))?.reshape(&[
+        1,
+        kv_heads,
+        group * t,
+        hd,
+    ])?;
     let parts = spans
         .iter()
         .map(|(k, _)| ops::matmul(&q, &k.swap_axes(2, 3)?))
@@ -41,7 +47,7 @@ pub(super) fn explicit_attention(
             s,
         ])?;
     }
-    let p = ops::softmax_axis(&scores, -1, true)?;
+    let p = softmax2_last(&scores)?;
     let mut out: Option<Array> = None;
     let mut at = 0;
     for (_, v) in spans {
@@ -106,7 +112,7 @@ pub(super) fn batch_attention(
     let (tk, tv) = &keys.tail;
     let lt = tk.shape()[2];
     // [b, heads, 1, hd] -> [kvh, b, g, hd]
-    let q = ops::multiply(q, Array::from_f32(scale))?
+    let q = ops::multiply(q, Array::from_f32(scale * LOG2_E))?
         .reshape(&[b, kv_heads, group, hd])?
         .swap_axes(0, 1)?;
     let mut tail = ops::matmul(&q, &tk.swap_axes(2, 3)?)?; // [kvh, b, g, lt]
@@ -126,7 +132,7 @@ pub(super) fn batch_attention(
     } else {
         ops::concatenate(&parts, 2)?
     };
-    let p = ops::softmax_axis(&scores, -1, true)?;
+    let p = softmax2_last(&scores)?;
     let mut out: Option<Array> = None;
     let mut at = 0;
     for (_, v) in &keys.shared {

@@ -5,6 +5,7 @@ use mlx_rs::{Array, Dtype, fast, nn, ops};
 
 use super::attention::{batch_attention, causal_mask, explicit_attention, padding_mask};
 use super::config::ModelConfig;
+use super::fast_exp;
 use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
@@ -181,10 +182,13 @@ impl Model {
     /// The feed-forward block of `layer` (RMS norm, SwiGLU) on the residual stream `x`.
     fn mlp(&self, layer: &Layer, x: &Array) -> Result<Array> {
         let h = fast::rms_norm(x, Some(&layer.ffn_norm), self.config.rms_eps)?;
-        let g = nn::silu(layer.gate.forward(&h)?)?;
-        layer
-            .down
-            .forward(&ops::multiply(&g, &layer.up.forward(&h)?)?)
+        let (g, u) = (layer.gate.forward(&h)?, layer.up.forward(&h)?);
+        let act = if self.placement.gpu {
+            ops::multiply(&nn::silu(g)?, &u)?
+        } else {
+            fast_exp::silu_mul(&g, &u)?
+        };
+        layer.down.forward(&act)
     }
 
     /// Splits projected q, k, v (`[b, t, n * head_dim]`) into heads (`[b, n, t, head_dim]`),

@@ -5,10 +5,12 @@
 //! - [`gguf`]: loading a GGUF file (weights, configuration, tokenizer metadata);
 //!   [`gguf_check`]: its structure checked in Rust first (MLX's reader trusts the file).
 //! - [`safetensors`]: loading an MLX / Hugging Face directory.
+//! - [`fast_exp`]: `exp` for the CPU backend (softmax, SiLU), compiled from fast ops.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
 mod attention;
 pub mod config;
+mod fast_exp;
 pub mod gguf;
 pub mod gguf_check;
 pub mod llama;
