@@ -82,7 +82,7 @@ pub fn generate(
             break;
         }
         out.tokens.push(choice.token);
-        out.logprobs.push(choice.logprob);
+        out.logprobs.push(choice.logprob.unwrap_or(f32::NAN));
         if !on_token(choice) {
             out.finish = FinishReason::Cancelled;
             break;

@@ -1,6 +1,11 @@
 //! Choosing the next token from logits: greedy, or sampled with temperature, top-k, top-p and
 //! min-p, after repetition/presence/frequency penalties; seeded for reproducibility.
+//!
+//! A step samples every running sequence, so the common cases stay cheap: no copy of the
+//! logits without penalties, a log-probability only when asked, and no sort of the whole
+//! vocabulary (top-k selects first; top-p sorts only the tokens that can be in the nucleus).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// Sampling settings for one request: the wire type itself, so the front end, the daemon and
@@ -35,13 +40,16 @@ pub struct Sampler {
     generated: HashMap<u32, u32>,
     /// Tokens of prompt and output (for the repetition penalty).
     seen: HashMap<u32, ()>,
+    /// Whether choices carry their log-probability (a pass over the vocabulary).
+    logprobs: bool,
 }
 
-/// A chosen token and its log-probability under the model (before any penalty).
+/// A chosen token and, when asked for, its log-probability under the model (before any
+/// penalty).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Choice {
     pub token: u32,
-    pub logprob: f32,
+    pub logprob: Option<f32>,
 }
 
 impl Sampler {
@@ -57,7 +65,14 @@ impl Sampler {
             rng: SplitMix64(seed),
             generated: HashMap::new(),
             seen: prompt.iter().map(|&t| (t, ())).collect(),
+            logprobs: true,
         }
+    }
+
+    /// Whether choices carry their log-probability (on by default).
+    pub fn with_logprobs(mut self, on: bool) -> Self {
+        self.logprobs = on;
+        self
     }
 
     /// Picks the next token from a logits array (`[vocab]` or `[1, vocab]`, f32).
@@ -70,9 +85,13 @@ impl Sampler {
 
     /// Picks the next token from `logits` and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Choice {
-        let logprobs = log_softmax(logits);
-        let mut adjusted = logits.to_vec();
-        self.apply_penalties(&mut adjusted);
+        let adjusted = if self.penalised() {
+            let mut v = logits.to_vec();
+            self.apply_penalties(&mut v);
+            Cow::Owned(v)
+        } else {
+            Cow::Borrowed(logits)
+        };
         let token = if self.params.temperature <= 0.0 {
             argmax(&adjusted)
         } else {
@@ -82,11 +101,15 @@ impl Sampler {
         self.seen.insert(token, ());
         Choice {
             token,
-            logprob: logprobs
-                .get(token as usize)
-                .copied()
-                .unwrap_or(f32::NEG_INFINITY),
+            logprob: self.logprobs.then(|| log_prob(logits, token)),
         }
+    }
+
+    fn penalised(&self) -> bool {
+        let p = &self.params;
+        (p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0)
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
     }
 
     fn apply_penalties(&self, logits: &mut [f32]) {
@@ -114,21 +137,13 @@ impl Sampler {
     fn draw(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l * inv_t))
-            .collect();
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
-            cand.truncate(p.top_k as usize);
-        }
-        let max = cand.first().map_or(0.0, |c| c.1);
+        let Candidates { cand, max, mass } = candidates(logits, inv_t, p.top_k as usize, p.top_p);
         let mut probs: Vec<f64> = cand.iter().map(|c| f64::from(c.1 - max).exp()).collect();
-        let total: f64 = probs.iter().sum();
+        let total = mass.unwrap_or_else(|| probs.iter().sum());
         probs.iter_mut().for_each(|x| *x /= total);
         let mut keep = probs.len();
         if p.top_p < 1.0 {
+            // `cand` is sorted, best first, when top-p applies.
             let mut acc = 0.0;
             for (i, &x) in probs.iter().enumerate() {
                 acc += x;
@@ -138,20 +153,73 @@ impl Sampler {
                 }
             }
         }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * f64::from(p.min_p);
-            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
-        }
-        let kept: f64 = probs[..keep].iter().sum();
+        let (cand, probs) = (&cand[..keep], &probs[..keep]);
+        let floor = if p.min_p > 0.0 {
+            probs.iter().copied().fold(0.0, f64::max) * f64::from(p.min_p)
+        } else {
+            0.0
+        };
+        let kept: f64 = probs.iter().filter(|&&x| x >= floor).sum();
         let mut u = self.rng.next_f64() * kept;
-        for (i, &x) in probs[..keep].iter().enumerate() {
+        let mut last = cand[0].0;
+        for (c, &x) in cand.iter().zip(probs).filter(|(_, x)| **x >= floor) {
             if u < x {
-                return cand[i].0;
+                return c.0;
             }
             u -= x;
+            last = c.0;
         }
-        cand[keep - 1].0
+        last
     }
+}
+
+/// The tokens a draw can pick, with their scaled logits: all of them (in vocabulary order)
+/// when neither top-k nor top-p applies; otherwise sorted best first (ties by id), the `top_k`
+/// best, and for top-p only those within reach of the nucleus. A token whose scaled logit is
+/// below the best by more than `NUCLEUS_SPAN` is left out when the ones kept already hold
+/// `top_p` of the mass: the nucleus is a prefix of the sorted order, so it lies among them.
+fn candidates(logits: &[f32], inv_t: f32, top_k: usize, top_p: f32) -> Candidates {
+    const NUCLEUS_SPAN: f32 = 20.0;
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l * inv_t))
+        .collect();
+    let better = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if top_k > 0 && top_k < cand.len() {
+        cand.select_nth_unstable_by(top_k - 1, better);
+        cand.truncate(top_k);
+    }
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let mut mass = None;
+    if top_k == 0 || top_k >= logits.len() {
+        if top_p >= 1.0 {
+            return Candidates { cand, max, mass };
+        }
+        let of = |c: &[(u32, f32)]| c.iter().map(|x| f64::from(x.1 - max).exp()).sum::<f64>();
+        let near: Vec<(u32, f32)> = cand
+            .iter()
+            .copied()
+            .filter(|c| c.1 >= max - NUCLEUS_SPAN)
+            .collect();
+        let all = of(&cand);
+        if of(&near) >= f64::from(top_p) * all {
+            cand = near;
+            // Probabilities stay relative to the whole vocabulary.
+            mass = Some(all);
+        }
+    }
+    cand.sort_unstable_by(better);
+    Candidates { cand, max, mass }
+}
+
+/// What [`candidates`] keeps.
+struct Candidates {
+    cand: Vec<(u32, f32)>,
+    /// The best scaled logit.
+    max: f32,
+    /// `Σ exp(l - max)` over every candidate when some were left out before the nucleus cut.
+    mass: Option<f64>,
 }
 
 fn argmax(x: &[f32]) -> u32 {
@@ -164,11 +232,12 @@ fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-fn log_softmax(x: &[f32]) -> Vec<f32> {
+/// `log softmax(x)[token]`.
+fn log_prob(x: &[f32], token: u32) -> f32 {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = x.iter().map(|&v| f64::from(v - max).exp()).sum();
-    let log_sum = sum.ln() as f32 + max;
-    x.iter().map(|&v| v - log_sum).collect()
+    let at = x.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
+    at - (sum.ln() as f32 + max)
 }
 
 #[cfg(test)]
@@ -181,7 +250,9 @@ mod tests {
         let c = s.sample(&[0.0, 2.0, 1.0]);
         assert_eq!(c.token, 1);
         let expected = 2.0 - (1f32 + 2f32.exp() + 1f32.exp()).ln();
-        assert!((c.logprob - expected).abs() < 1e-6);
+        assert!((c.logprob.expect("asked for") - expected).abs() < 1e-6);
+        let mut s = Sampler::new(SamplingParams::default(), &[]).with_logprobs(false);
+        assert_eq!(s.sample(&[0.0, 2.0, 1.0]).logprob, None);
     }
 
     #[test]
@@ -198,6 +269,57 @@ mod tests {
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
+    }
+
+    fn draws(params: SamplingParams, logits: &[f32], n: usize) -> Vec<usize> {
+        let mut s = Sampler::new(params, &[]).with_logprobs(false);
+        let mut counts = vec![0; logits.len()];
+        for _ in 0..n {
+            counts[s.sample(logits).token as usize] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn unfiltered_draws_follow_the_softmax() {
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: Some(3),
+            ..SamplingParams::default()
+        };
+        let counts = draws(params, &[0.0, 3f32.ln()], 8000);
+        let share = counts[1] as f64 / 8000.0;
+        assert!((share - 0.75).abs() < 0.03, "{counts:?}");
+    }
+
+    #[test]
+    fn the_nucleus_holds_its_share_of_the_whole_vocabulary() {
+        // Two strong tokens, a thousand far below (left out before the sort), one in between.
+        let mut logits = vec![-40.0f32; 1003];
+        logits[0] = 5.0;
+        logits[1] = 5.0;
+        logits[2] = 4.0;
+        let params = |top_p| SamplingParams {
+            temperature: 1.0,
+            top_p,
+            seed: Some(5),
+            ..SamplingParams::default()
+        };
+        let c = draws(params(0.5), &logits, 2000);
+        assert_eq!(c[0] + c[1], 2000, "{:?}", &c[..3]);
+        let c = draws(params(0.99), &logits, 4000);
+        assert!(
+            c[2] > 400 && c[3..].iter().all(|&x| x == 0),
+            "{:?}",
+            &c[..4]
+        );
+        // top-k picks the k best even when they are not in vocabulary order.
+        let k = SamplingParams {
+            top_k: 2,
+            ..params(1.0)
+        };
+        let c = draws(k, &logits, 500);
+        assert_eq!(c[0] + c[1], 500);
     }
 
     #[test]

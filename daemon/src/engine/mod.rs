@@ -312,7 +312,7 @@ impl Engine {
         self.sched.push(Sequence {
             conn,
             id: req.request_id,
-            sampler: Sampler::new(req.sampling.clone(), &req.prompt),
+            sampler: Sampler::new(req.sampling.clone(), &req.prompt).with_logprobs(req.logprobs),
             max_tokens: (req.max_tokens as usize).min(ctx - req.prompt.len()),
             kv: PagedSeq::default(),
             prompt: req.prompt,
@@ -320,7 +320,6 @@ impl Engine {
             awaiting_prefix: acquiring,
             cached_tokens: 0,
             stop_ids: req.stop_ids,
-            logprobs: req.logprobs,
             salt: req.cache_salt,
             events,
             queued_at: now,

@@ -34,14 +34,40 @@ pub struct Sequence {
     pub sampler: Sampler,
     pub max_tokens: usize,
     pub stop_ids: Vec<u32>,
-    pub logprobs: bool,
     pub salt: Option<String>,
     pub events: UnboundedSender<DaemonToFrontend>,
     pub queued_at: Instant,
     pub started_at: Instant,
     pub prefill_done_at: Option<Instant>,
     /// Logits of the last computed position, waiting to be sampled.
-    pub next_logits: Option<Array>,
+    pub next_logits: Option<Logits>,
+}
+
+/// One row of an evaluated `[rows, vocab]` (or `[vocab]`) f32 logits array: a batched step's
+/// rows share the array, and each is read in place on the host.
+pub struct Logits {
+    all: Array,
+    row: usize,
+}
+
+impl Logits {
+    /// Row `row` of `all`, which must be evaluated.
+    pub fn row(all: &Array, row: usize) -> Logits {
+        Logits {
+            all: all.clone(),
+            row,
+        }
+    }
+
+    fn values(&self) -> Result<&[f32]> {
+        let all = self
+            .all
+            .try_as_slice::<f32>()
+            .map_err(|e| crate::EngineError::Internal(format!("logits: {e}")))?;
+        let vocab = self.all.shape().last().copied().unwrap_or(0) as usize;
+        all.get(self.row * vocab..(self.row + 1) * vocab)
+            .ok_or_else(|| crate::EngineError::Internal("logits: no such row".into()))
+    }
 }
 
 impl super::scheduler::Job for Sequence {
@@ -91,7 +117,7 @@ impl Sequence {
         logits.eval()?;
         if self.kv.len == target {
             // Sampling continues where it stopped (a preempted request's output was already sent).
-            self.next_logits = Some(logits);
+            self.next_logits = Some(Logits::row(&logits, 0));
             self.prefill_done_at.get_or_insert_with(Instant::now);
         }
         Ok(())
@@ -102,7 +128,7 @@ impl Sequence {
         let Some(logits) = self.next_logits.take() else {
             return Ok(Sampled::Finished(FinishReason::Length));
         };
-        let choice = self.sampler.sample_logits(&logits)?;
+        let choice = self.sampler.sample(logits.values()?);
         if self.stop_ids.contains(&choice.token) {
             return Ok(Sampled::Finished(FinishReason::Stop));
         }
@@ -110,7 +136,7 @@ impl Sequence {
         let _ = self.events.send(DaemonToFrontend::Token {
             request_id: self.id,
             token: choice.token,
-            logprob: self.logprobs.then_some(choice.logprob),
+            logprob: choice.logprob,
         });
         if self.generated.len() >= self.max_tokens {
             return Ok(Sampled::Finished(FinishReason::Length));

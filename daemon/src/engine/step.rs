@@ -4,12 +4,11 @@
 
 use std::time::Instant;
 
-use mlx_rs::Array;
 use mlxcel_ipc::proto::daemon::FinishReason;
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 
 use super::Engine;
-use super::sequence::{Sampled, Sequence};
+use super::sequence::{Logits, Sampled, Sequence};
 use crate::EngineError;
 use crate::paged::{PagedBatch, PagedSeq};
 
@@ -106,8 +105,7 @@ impl Engine {
             }) {
                 Ok(logits) => {
                     for (row, s) in seqs.into_iter().enumerate() {
-                        let pick = Array::from_slice(&[row as i32], &[1]);
-                        s.next_logits = logits.take_axis(pick, 0).ok();
+                        s.next_logits = Some(Logits::row(&logits, row));
                     }
                 }
                 Err(e) => {

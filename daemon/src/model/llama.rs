@@ -6,6 +6,7 @@ use mlx_rs::{Array, Dtype, fast, nn, ops};
 use super::attention::{batch_attention, causal_mask, explicit_attention, padding_mask};
 use super::config::ModelConfig;
 use super::fast_exp;
+use super::rotary::{Angles, Rotary};
 use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
@@ -57,6 +58,7 @@ pub struct Model {
     layers: Vec<Layer>,
     norm: Array,
     lm_head: Linear,
+    rotary: Rotary,
 }
 
 impl Model {
@@ -102,7 +104,9 @@ impl Model {
             }
         };
         let norm = norm(names.output_norm())?;
+        let rotary = Rotary::new(config.head_dim, config.rope_theta, config.rope_traditional);
         Ok(Model {
+            rotary,
             config,
             placement,
             embed,
@@ -144,12 +148,17 @@ impl Model {
             .embed
             .take_axis(&ids, 0)?
             .reshape(&[1, t, c.hidden as i32])?;
+        let rope = if self.placement.gpu {
+            Rope::Fused(Offset::Fixed(offset))
+        } else {
+            Rope::Table(self.rotary.span(offset, t))
+        };
         // Built by the first layer, once the store says how many keys it returns.
         let mut mask: Option<Option<Array>> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let (q, k, v) = self.project(layer, &h)?;
-            let (q, k, v) = self.heads(layer, q, k, v, &Offset::Fixed(offset))?;
+            let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
             let spans = kv.append(i, k, v)?;
             if mask.is_none() {
                 let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
@@ -192,14 +201,14 @@ impl Model {
     }
 
     /// Splits projected q, k, v (`[b, t, n * head_dim]`) into heads (`[b, n, t, head_dim]`),
-    /// applies the q/k norms and RoPE at `offset`.
+    /// applies the q/k norms and RoPE.
     fn heads(
         &self,
         layer: &Layer,
         q: Array,
         k: Array,
         v: Array,
-        offset: &Offset,
+        rope: &Rope,
     ) -> Result<(Array, Array, Array)> {
         let c = &self.config;
         let (b, t) = (q.shape()[0], q.shape()[1]);
@@ -217,13 +226,16 @@ impl Model {
             k = fast::rms_norm(&k, Some(w), c.rms_eps)?;
         }
         let (trad, theta) = (c.rope_traditional, c.rope_theta);
-        let rope = |x: &Array| -> Result<Array> {
-            Ok(match offset {
-                Offset::Fixed(o) => fast::rope(x, hd, trad, theta, 1.0, *o, None)?,
-                Offset::PerRow(o) => fast::rope_dynamic(x, hd, trad, theta, 1.0, o, None)?,
+        let turn = |x: &Array| -> Result<Array> {
+            Ok(match rope {
+                Rope::Fused(Offset::Fixed(o)) => fast::rope(x, hd, trad, theta, 1.0, *o, None)?,
+                Rope::Fused(Offset::PerRow(o)) => {
+                    fast::rope_dynamic(x, hd, trad, theta, 1.0, o, None)?
+                }
+                Rope::Table(angles) => self.rotary.apply(x, angles)?,
             })
         };
-        Ok((rope(&q)?, rope(&k)?, v))
+        Ok((turn(&q)?, turn(&k)?, v))
     }
 
     /// Attention of one sequence's queries (`[1, heads, t, head_dim]`) over its keys and values
@@ -299,7 +311,11 @@ impl Model {
         let b = tokens.len() as i32;
         kv.reserve()?;
         let lens: Vec<i32> = kv.lens().into_iter().map(|l| l as i32).collect();
-        let offsets = Offset::PerRow(Array::from_slice(&lens, &[b]));
+        let rope = if self.placement.gpu {
+            Rope::Fused(Offset::PerRow(Array::from_slice(&lens, &[b])))
+        } else {
+            Rope::Table(self.rotary.rows(&lens))
+        };
         let ids = Array::from_slice(tokens, &[b]);
         let mut x = self
             .embed
@@ -309,7 +325,7 @@ impl Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let (q, k, v) = self.project(layer, &h)?;
-            let (q, k, v) = self.heads(layer, q, k, v, &offsets)?;
+            let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
             let keys = kv.append_all(i, k, v)?;
             if mask.is_none() {
                 let own: Vec<i32> = lens.iter().map(|&l| l - keys.shared_len as i32).collect();
@@ -334,6 +350,12 @@ fn joined(spans: &[(Array, Array)]) -> Result<(Array, Array)> {
     }
     let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
     Ok((ops::concatenate(&ks, 2)?, ops::concatenate(&vs, 2)?))
+}
+
+/// How a forward pass applies RoPE: MLX's fused kernel (GPU) or the angles of [`Rotary`].
+enum Rope {
+    Fused(Offset),
+    Table(Angles),
 }
 
 /// Where RoPE starts: one offset for a sequence, or one per row of a batch.

@@ -6,6 +6,7 @@
 //!   [`gguf_check`]: its structure checked in Rust first (MLX's reader trusts the file).
 //! - [`safetensors`]: loading an MLX / Hugging Face directory.
 //! - [`fast_exp`]: `exp` for the CPU backend (softmax, SiLU), compiled from fast ops.
+//! - [`rotary`]: RoPE for the CPU backend, from angles computed once per forward pass.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
 mod attention;
@@ -14,6 +15,7 @@ mod fast_exp;
 pub mod gguf;
 pub mod gguf_check;
 pub mod llama;
+mod rotary;
 pub mod safetensors;
 pub mod weights;
 
