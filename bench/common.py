@@ -152,8 +152,8 @@ class Mlxcel(Server):
     def __init__(self, name, env):
         self.name, self.port = name, free_port()
         self.dir = tempfile.mkdtemp(prefix="mxb", dir="/tmp")
-        self.env = dict(os.environ, MLXCEL_PORT=str(self.port), MLXCEL_LOG="warn",
-                        XDG_CONFIG_HOME=self.dir, **env)
+        self.env = {**os.environ, "MLXCEL_PORT": str(self.port), "MLXCEL_LOG": "warn",
+                    "XDG_CONFIG_HOME": self.dir, **env}
         self.env.pop("MLXCEL_CONFIG", None)
         self.log = open(os.path.join(self.dir, "serve.log"), "w")
         self.proc = subprocess.Popen(

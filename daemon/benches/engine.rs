@@ -150,6 +150,7 @@ fn main() {
 
     long_context_decode(m, &seed_ids);
     batched_steps(m, &seed_ids, 200);
+    batched_steps(m, &seed_ids, 512);
 
     let bytes = m.weight_bytes_per_token() as f64;
     let bw = copy_gbs();

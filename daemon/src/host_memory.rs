@@ -126,7 +126,7 @@ pub fn trim_freed_memory() {
 /// glibc's mmap threshold at its dynamic ceiling (32 MiB) again: a slab then never sits in a
 /// heap, where freeing it would leave pages pinned by what was allocated beside it, while the
 /// engine's per-step buffers keep coming from the heap (mapping those each step costs page
-/// faults: 4-5x slower gathers, measured).
+/// faults: 4-5x slower gathers, measured), and lets the heap keep what a step frees.
 pub fn with_mapped_buffers<T>(f: impl FnOnce() -> T) -> T {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator tunables.
@@ -138,6 +138,15 @@ pub fn with_mapped_buffers<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: as above.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        // Setting the threshold turns glibc's dynamic tuning off, and with it the rise of the
+        // trim threshold: left at its 128 KiB default, every free at the top of the heap
+        // would hand pages back and the next step fault them in again. Freed memory goes back
+        // when the engine is idle or a slab is dropped (`trim_freed_memory`).
+        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
     }
     out
 }
+
+/// Free heap memory glibc may keep at the top of its heap while the engine is busy.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TRIM_THRESHOLD: libc::c_int = 256 << 20;

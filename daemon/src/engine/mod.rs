@@ -4,7 +4,8 @@
 //!
 //! Rooms: [`setup`] loads the model and sizes the pool; [`scheduler`] decides (FIFO admission by
 //! free blocks, the prefill budget, preemption order: pure, tested without MLX); [`step`] runs
-//! what it decides (prefill chunks, one batched decode pass);
+//! what it decides (prefill chunks, one batched decode pass) and [`step_clock`] where its time
+//! went; [`lifecycle`] is a request's entry and end;
 //! [`cache_link`] is the cache side of each request (prefix mapping, donations, the manager's
 //! orders, and the trust boundary on the ids it sends); [`sequence`] is one request's state.
 //!
@@ -15,10 +16,12 @@
 
 mod cache_link;
 mod ceiling;
+mod lifecycle;
 pub mod scheduler;
 mod sequence;
 mod setup;
 mod step;
+mod step_clock;
 mod warmup;
 
 use std::path::PathBuf;
@@ -26,20 +29,15 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mlxcel_ipc::proto::cache::{DonatedBlock, LeaseId};
-use mlxcel_ipc::proto::daemon::{
-    DaemonToFrontend, FinishReason, Generate, ModelInfo, PoolStats, RequestId,
-};
-use mlxcel_ipc::proto::{ErrorCode, WireError};
+use mlxcel_ipc::proto::cache::LeaseId;
+use mlxcel_ipc::proto::daemon::{DaemonToFrontend, Generate, ModelInfo, PoolStats, RequestId};
 use mlxcel_ipc::{BlockHash, BlockId, Geometry};
 use tokio::sync::mpsc::UnboundedSender;
 
 pub use cache_link::{CacheLink, Refcounts};
 
 use crate::cache_client::{CacheClient, ManagerOrder};
-use crate::paged::PagedSeq;
 use crate::pool::BlockPool;
-use crate::sampler::Sampler;
 use crate::{EngineError, Loaded, Result};
 use scheduler::Scheduler;
 use sequence::Sequence;
@@ -165,6 +163,7 @@ struct Engine {
     sched: Scheduler<Sequence>,
     cache: CacheLink,
     preemptions: u64,
+    clock: step_clock::StepClock,
     vitals: Vitals,
     /// MLX's active memory right after the model loaded.
     weights_bytes: u64,
@@ -206,6 +205,7 @@ impl Engine {
                     // Nothing runs: what the last requests freed goes back to the system, now
                     // and once more after a quiet second (the I/O threads free their last
                     // buffers after the engine is done).
+                    self.clock.report();
                     give_back_freed_memory();
                     match rx.recv_timeout(Duration::from_secs(1)) {
                         Err(RecvTimeoutError::Timeout) => {
@@ -242,10 +242,14 @@ impl Engine {
                     }
                 }
             }
+            let t = Instant::now();
             self.admit();
             self.publish();
+            self.clock.lap(step_clock::Phase::Other, t);
             self.step_all();
+            let t = Instant::now();
             self.publish();
+            self.clock.lap(step_clock::Phase::Other, t);
         }
         self.shutdown();
     }
@@ -276,127 +280,6 @@ impl Engine {
             Command::Shutdown => return false,
         }
         true
-    }
-
-    fn submit(
-        &mut self,
-        conn: u64,
-        req: Generate,
-        acquiring: bool,
-        events: UnboundedSender<DaemonToFrontend>,
-    ) {
-        let ctx = self.loaded.model.config.context_length;
-        let refusal = if req.prompt.is_empty() {
-            Some("the prompt is empty".to_string())
-        } else if req.prompt.len() >= ctx {
-            Some(format!(
-                "the prompt has {} tokens; the context window is {ctx}",
-                req.prompt.len()
-            ))
-        } else {
-            let vocab = self.loaded.model.config.vocab;
-            req.prompt
-                .iter()
-                .find(|&&t| t as usize >= vocab)
-                .map(|bad| format!("token id {bad} is outside the vocabulary"))
-        };
-        if let Some(message) = refusal {
-            // A prefix that is still coming finds no request and is unleased then.
-            let _ = events.send(DaemonToFrontend::Failed {
-                request_id: req.request_id,
-                error: WireError::new(ErrorCode::BadRequest, message),
-            });
-            return;
-        }
-        let now = Instant::now();
-        self.sched.push(Sequence {
-            conn,
-            id: req.request_id,
-            sampler: Sampler::new(req.sampling.clone(), &req.prompt).with_logprobs(req.logprobs),
-            max_tokens: (req.max_tokens as usize).min(ctx - req.prompt.len()),
-            kv: PagedSeq::default(),
-            prompt: req.prompt,
-            generated: Vec::new(),
-            awaiting_prefix: acquiring,
-            cached_tokens: 0,
-            stop_ids: req.stop_ids,
-            salt: req.cache_salt,
-            events,
-            queued_at: now,
-            started_at: now,
-            prefill_done_at: None,
-            next_logits: None,
-        });
-    }
-
-    /// Maps a request's leased prefix (only blocks the cache really holds for it, and only
-    /// blocks that leave at least one prompt token to compute), then ends the lease.
-    fn prefix(&mut self, conn: u64, request_id: RequestId, prefix: Prefix) {
-        let bt = self.config.block_tokens;
-        let Some(s) = self
-            .sched
-            .waiting_mut(|s| s.conn == conn && s.id == request_id && s.awaiting_prefix)
-        else {
-            // Cancelled or refused meanwhile.
-            self.cache.unlease(prefix.lease);
-            return;
-        };
-        let usable = (s.prompt.len() - 1) / bt;
-        let mapped = self.cache.map_prefix(
-            &mut self.pool,
-            &prefix.hashes,
-            &prefix.blocks,
-            usable,
-            prefix.lease,
-        );
-        s.cached_tokens = mapped.len() * bt;
-        s.kv = PagedSeq::with_prefix(mapped, bt);
-        s.awaiting_prefix = false;
-    }
-
-    /// Offers the full blocks to the cache (or frees them), then reports the end. The donation
-    /// is queued to the manager first, so a request sent after this `Done` finds its prefix.
-    fn finish(&mut self, mut s: Sequence, reason: FinishReason) {
-        let usage = s.usage();
-        let hashes = self
-            .cache
-            .hash_seed(&self.loaded.model_id, s.salt.as_deref())
-            .map_or_else(Vec::new, |seed| {
-                s.full_block_hashes(&seed, self.config.block_tokens)
-            });
-        let offered: Vec<DonatedBlock> = hashes
-            .iter()
-            .zip(&s.kv.table)
-            .map(|(&hash, &block)| DonatedBlock { hash, block })
-            .collect();
-        let seq = std::mem::take(&mut s.kv);
-        self.cache.donate(&mut self.pool, seq.table, offered);
-        let _ = s.events.send(DaemonToFrontend::Done {
-            request_id: s.id,
-            finish: reason,
-            usage,
-        });
-    }
-
-    fn cancel(&mut self, matches: impl Fn(&Sequence) -> bool) {
-        for mut s in self.sched.take(matches) {
-            let usage = s.usage();
-            let _ = s.events.send(DaemonToFrontend::Done {
-                request_id: s.id,
-                finish: FinishReason::Cancelled,
-                usage,
-            });
-            s.kv.free(&mut self.pool);
-        }
-    }
-
-    /// Ends a request with an error and gives back what it held.
-    fn fail(&mut self, mut s: Sequence, error: WireError) {
-        let _ = s.events.send(DaemonToFrontend::Failed {
-            request_id: s.id,
-            error,
-        });
-        s.kv.free(&mut self.pool);
     }
 
     fn shutdown(&mut self) {

@@ -105,6 +105,7 @@ impl Engine {
             }),
             cache: CacheLink::default(),
             preemptions: 0,
+            clock: Default::default(),
             vitals: Vitals::default(),
             weights_bytes,
         };

@@ -9,6 +9,7 @@ use mlxcel_ipc::proto::{ErrorCode, WireError};
 
 use super::Engine;
 use super::sequence::{Logits, Sampled, Sequence};
+use super::step_clock::Phase;
 use crate::EngineError;
 use crate::paged::{PagedBatch, PagedSeq};
 
@@ -41,6 +42,7 @@ impl Engine {
     /// One scheduler step: the prefill chunks the scheduler plans (oldest first, within the
     /// step's token budget), then one batched decode step for every sequence ready to sample.
     pub(super) fn step_all(&mut self) {
+        let mut t = Instant::now();
         let plan: Vec<((u64, u64), usize)> = self
             .sched
             .prefill_plan()
@@ -53,10 +55,13 @@ impl Engine {
                 continue;
             };
             let s = &mut self.sched.running_mut()[i];
-            if let Err(e) = s.prefill_step(&self.loaded.model, &mut self.pool, n) {
-                self.pool_full(i, e);
+            let before = s.kv.len;
+            match s.prefill_step(&self.loaded.model, &mut self.pool, n) {
+                Ok(()) => self.clock.prefilled(s.kv.len.saturating_sub(before)),
+                Err(e) => self.pool_full(i, e),
             }
         }
+        t = self.clock.lap(Phase::Prefill, t);
         // Sample every ready sequence; those that go on need their new token computed.
         let mut next: Vec<(usize, u32)> = Vec::new();
         let mut finished: Vec<(usize, End)> = Vec::new();
@@ -73,6 +78,7 @@ impl Engine {
                 }
             }
         }
+        t = self.clock.lap(Phase::Sampling, t);
         // Room for one more token each (sequences are untouched until the batch runs).
         let mut batch: Vec<(usize, u32)> = Vec::new();
         let mut starved: Vec<usize> = Vec::new();
@@ -99,10 +105,13 @@ impl Engine {
                 let mut batch_kv = PagedBatch::new(kv, pool);
                 self.loaded.model.forward_batch(&tokens, &mut batch_kv)
             };
-            match result.and_then(|l| {
+            let result = result.and_then(|l| {
                 l.eval()?;
                 Ok(l)
-            }) {
+            });
+            t = self.clock.lap(Phase::Model, t);
+            self.clock.decoded(batch.len());
+            match result {
                 Ok(logits) => {
                     for (row, s) in seqs.into_iter().enumerate() {
                         s.next_logits = Some(Logits::row(&logits, row));
@@ -149,6 +158,7 @@ impl Engine {
                 );
             }
         }
+        self.clock.lap(Phase::Other, t);
     }
 
     /// The pool's ceiling in tokens and bytes, for errors.

@@ -1,0 +1,138 @@
+//! A request's life on the engine: submitted (checked, queued), its cached prefix mapped, and
+//! its end (finished and donated to the cache, cancelled, or failed), each answered once.
+
+use std::time::Instant;
+
+use mlxcel_ipc::proto::ErrorCode;
+use mlxcel_ipc::proto::WireError;
+use mlxcel_ipc::proto::cache::DonatedBlock;
+use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, Generate, RequestId};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::sequence::Sequence;
+use super::{Engine, Prefix};
+use crate::paged::PagedSeq;
+use crate::sampler::Sampler;
+
+impl Engine {
+    pub(super) fn submit(
+        &mut self,
+        conn: u64,
+        req: Generate,
+        acquiring: bool,
+        events: UnboundedSender<DaemonToFrontend>,
+    ) {
+        let ctx = self.loaded.model.config.context_length;
+        let refusal = if req.prompt.is_empty() {
+            Some("the prompt is empty".to_string())
+        } else if req.prompt.len() >= ctx {
+            Some(format!(
+                "the prompt has {} tokens; the context window is {ctx}",
+                req.prompt.len()
+            ))
+        } else {
+            let vocab = self.loaded.model.config.vocab;
+            req.prompt
+                .iter()
+                .find(|&&t| t as usize >= vocab)
+                .map(|bad| format!("token id {bad} is outside the vocabulary"))
+        };
+        if let Some(message) = refusal {
+            // A prefix that is still coming finds no request and is unleased then.
+            let _ = events.send(DaemonToFrontend::Failed {
+                request_id: req.request_id,
+                error: WireError::new(ErrorCode::BadRequest, message),
+            });
+            return;
+        }
+        let now = Instant::now();
+        self.sched.push(Sequence {
+            conn,
+            id: req.request_id,
+            sampler: Sampler::new(req.sampling.clone(), &req.prompt).with_logprobs(req.logprobs),
+            max_tokens: (req.max_tokens as usize).min(ctx - req.prompt.len()),
+            kv: PagedSeq::default(),
+            prompt: req.prompt,
+            generated: Vec::new(),
+            awaiting_prefix: acquiring,
+            cached_tokens: 0,
+            stop_ids: req.stop_ids,
+            salt: req.cache_salt,
+            events,
+            queued_at: now,
+            started_at: now,
+            prefill_done_at: None,
+            next_logits: None,
+        });
+    }
+
+    /// Maps a request's leased prefix (only blocks the cache really holds for it, and only
+    /// blocks that leave at least one prompt token to compute), then ends the lease.
+    pub(super) fn prefix(&mut self, conn: u64, request_id: RequestId, prefix: Prefix) {
+        let bt = self.config.block_tokens;
+        let Some(s) = self
+            .sched
+            .waiting_mut(|s| s.conn == conn && s.id == request_id && s.awaiting_prefix)
+        else {
+            // Cancelled or refused meanwhile.
+            self.cache.unlease(prefix.lease);
+            return;
+        };
+        let usable = (s.prompt.len() - 1) / bt;
+        let mapped = self.cache.map_prefix(
+            &mut self.pool,
+            &prefix.hashes,
+            &prefix.blocks,
+            usable,
+            prefix.lease,
+        );
+        s.cached_tokens = mapped.len() * bt;
+        s.kv = PagedSeq::with_prefix(mapped, bt);
+        s.awaiting_prefix = false;
+    }
+
+    /// Offers the full blocks to the cache (or frees them), then reports the end. The donation
+    /// is queued to the manager first, so a request sent after this `Done` finds its prefix.
+    pub(super) fn finish(&mut self, mut s: Sequence, reason: FinishReason) {
+        let usage = s.usage();
+        let hashes = self
+            .cache
+            .hash_seed(&self.loaded.model_id, s.salt.as_deref())
+            .map_or_else(Vec::new, |seed| {
+                s.full_block_hashes(&seed, self.config.block_tokens)
+            });
+        let offered: Vec<DonatedBlock> = hashes
+            .iter()
+            .zip(&s.kv.table)
+            .map(|(&hash, &block)| DonatedBlock { hash, block })
+            .collect();
+        let seq = std::mem::take(&mut s.kv);
+        self.cache.donate(&mut self.pool, seq.table, offered);
+        let _ = s.events.send(DaemonToFrontend::Done {
+            request_id: s.id,
+            finish: reason,
+            usage,
+        });
+    }
+
+    pub(super) fn cancel(&mut self, matches: impl Fn(&Sequence) -> bool) {
+        for mut s in self.sched.take(matches) {
+            let usage = s.usage();
+            let _ = s.events.send(DaemonToFrontend::Done {
+                request_id: s.id,
+                finish: FinishReason::Cancelled,
+                usage,
+            });
+            s.kv.free(&mut self.pool);
+        }
+    }
+
+    /// Ends a request with an error and gives back what it held.
+    pub(super) fn fail(&mut self, mut s: Sequence, error: WireError) {
+        let _ = s.events.send(DaemonToFrontend::Failed {
+            request_id: s.id,
+            error,
+        });
+        s.kv.free(&mut self.pool);
+    }
+}
