@@ -28,6 +28,7 @@ pub mod engine;
 pub mod export;
 pub mod generate;
 pub mod host_memory;
+pub mod jit_cache;
 pub mod kv;
 pub mod model;
 pub mod paged;

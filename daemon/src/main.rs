@@ -156,11 +156,18 @@ fn main() -> ExitCode {
         }
     };
     let args = Args::parse();
+    // SAFETY: no other thread runs yet (the engine and the I/O runtime start in `run`).
+    let jit = unsafe { mlxcel_daemon::jit_cache::JitCache::install() };
     mlxcel_config::logging::init("mlxcel-daemon", &args.log_level);
+    if let Err(e) = &jit {
+        tracing::warn!(error = %e, "no private directory for compiled CPU kernels; using TMPDIR");
+    }
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");
     }
-    match run(args) {
+    let result = run(args);
+    mlxcel_daemon::jit_cache::close();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -154,6 +154,7 @@ fn give_back_freed_memory() {
         tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
     }
     crate::host_memory::trim_freed_memory();
+    crate::jit_cache::publish();
 }
 
 struct Engine {

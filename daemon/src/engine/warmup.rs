@@ -53,5 +53,6 @@ pub fn run(
     }
     mlx_rs::memory::clear_cache()?;
     crate::host_memory::trim_freed_memory();
+    crate::jit_cache::publish();
     Ok(started.elapsed())
 }

@@ -32,18 +32,29 @@ impl Daemon {
     /// Starts the daemon on `model` with `args` and waits until its socket answers (the model
     /// loaded). Panics with its exit status if it stops first.
     pub fn start(dir: &Path, model: &Path, args: &[&str]) -> Daemon {
-        let child = command(dir, model, args)
-            .spawn()
-            .expect("start mlxcel-daemon");
-        let mut d = Daemon(child);
+        let mut d = Daemon::spawn(dir, model, args, &[]);
+        d.wait_listening(dir);
+        d
+    }
+
+    /// Starts the daemon with `env` on top, without waiting.
+    pub fn spawn(dir: &Path, model: &Path, args: &[&str], env: &[(&str, &Path)]) -> Daemon {
+        let mut c = command(dir, model, args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        Daemon(c.spawn().expect("start mlxcel-daemon"))
+    }
+
+    /// Waits until the daemon whose sockets are in `dir` answers; panics if it stops first.
+    pub fn wait_listening(&mut self, dir: &Path) {
         let socket = dir.join("daemon.sock");
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            if let Ok(Some(status)) = d.0.try_wait() {
+            if let Ok(Some(status)) = self.0.try_wait() {
                 panic!("mlxcel-daemon stopped before listening: {status}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        d
     }
 }
 
