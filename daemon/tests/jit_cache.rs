@@ -8,8 +8,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
-use mlxcel_ipc::proto::daemon::DaemonToFrontend;
-use support::process::{Daemon, frontend, greedy_generate};
+use support::process::{Daemon, frontend, greedy_generate, tokens_until_done};
 use support::root;
 
 fn libraries(shared: &Path) -> Vec<PathBuf> {
@@ -37,18 +36,7 @@ async fn generates(dir: &Path) {
     c.write_frame(&greedy_generate(1, vec![1, 2, 3, 4, 5, 6], 4))
         .await
         .unwrap();
-    loop {
-        match c
-            .read_frame::<DaemonToFrontend>()
-            .await
-            .unwrap()
-            .expect("daemon closed")
-        {
-            DaemonToFrontend::Done { .. } => return,
-            DaemonToFrontend::Failed { error, .. } => panic!("request failed: {error}"),
-            _ => {}
-        }
-    }
+    assert_eq!(tokens_until_done(&mut c, 1).await.len(), 4);
 }
 
 fn proc_dirs(cache: &Path) -> Vec<String> {

@@ -96,3 +96,30 @@ pub fn greedy_generate(
         cache_salt: None,
     })
 }
+
+/// Reads request `request_id`'s tokens until it is done; panics if it fails or the daemon
+/// closes.
+pub async fn tokens_until_done(
+    c: &mut mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream>,
+    request_id: u64,
+) -> Vec<u32> {
+    use mlxcel_ipc::proto::daemon::DaemonToFrontend;
+    let mut tokens = Vec::new();
+    loop {
+        match c
+            .read_frame::<DaemonToFrontend>()
+            .await
+            .unwrap()
+            .expect("daemon closed")
+        {
+            DaemonToFrontend::Token {
+                request_id: r,
+                token,
+                ..
+            } if r == request_id => tokens.push(token),
+            DaemonToFrontend::Done { request_id: r, .. } if r == request_id => return tokens,
+            DaemonToFrontend::Failed { error, .. } => panic!("request failed: {error}"),
+            _ => {}
+        }
+    }
+}
