@@ -34,7 +34,7 @@ pub fn close() {
 }
 
 /// This process's kernel directory and the shared cache.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct JitCache {
     shared: PathBuf,
     private: PathBuf,
@@ -45,7 +45,7 @@ impl JitCache {
     ///
     /// # Safety
     /// Sets an environment variable: call before any other thread starts.
-    pub unsafe fn install() -> std::io::Result<JitCache> {
+    pub unsafe fn install() -> std::io::Result<()> {
         let root = cache_root().ok_or_else(|| std::io::Error::other("no home directory"))?;
         let shared = root.join("shared");
         fs::create_dir_all(&shared)?;
@@ -56,18 +56,17 @@ impl JitCache {
         copy_libraries(&shared, &private, Link::Seed);
         // SAFETY: the caller guarantees no other thread is running.
         unsafe { std::env::set_var("TMPDIR", &private) };
-        let j = JitCache { shared, private };
-        let _ = INSTALLED.set(j.clone());
-        Ok(j)
+        let _ = INSTALLED.set(JitCache { shared, private });
+        Ok(())
     }
 
     /// Publishes the kernels this process built into the shared cache.
-    pub fn publish(&self) {
+    fn publish(&self) {
         copy_libraries(&self.private, &self.shared, Link::Publish);
     }
 
     /// Publishes, then removes this process's directory.
-    pub fn close(&self) {
+    fn close(&self) {
         self.publish();
         let _ = fs::remove_dir_all(&self.private);
     }

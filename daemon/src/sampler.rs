@@ -186,13 +186,14 @@ fn candidates(logits: &[f32], inv_t: f32, top_k: usize, top_p: f32) -> Candidate
         .map(|(i, &l)| (i as u32, l * inv_t))
         .collect();
     let better = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if top_k > 0 && top_k < cand.len() {
+    let top_k_cuts = top_k > 0 && top_k < cand.len();
+    if top_k_cuts {
         cand.select_nth_unstable_by(top_k - 1, better);
         cand.truncate(top_k);
     }
     let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
     let mut mass = None;
-    if top_k == 0 || top_k >= logits.len() {
+    if !top_k_cuts {
         if top_p >= 1.0 {
             return Candidates { cand, max, mass };
         }

@@ -66,11 +66,11 @@ impl Rotary {
         );
         for (p, &pos) in positions.iter().enumerate() {
             for (i, f) in self.inv_freq.iter().enumerate() {
-                let angle = f64::from(pos) * f;
+                let (sin_a, cos_a) = (f64::from(pos) * f).sin_cos();
                 let (a, b) = pair(i, half, self.traditional);
                 for j in [a, b] {
-                    cos[p * d + j] = angle.cos() as f32;
-                    sin[p * d + j] = angle.sin() as f32;
+                    cos[p * d + j] = cos_a as f32;
+                    sin[p * d + j] = sin_a as f32;
                 }
             }
         }
