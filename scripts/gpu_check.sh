@@ -7,9 +7,11 @@
 # Usage: gpu_check.sh STAGE OUT
 #   STAGE holds mlx.whl (mlx-cuda-13, the version setup pins), model.gguf (the default model) and
 #   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden` and `daemon_e2e` test executables, as
-#   `cargo test --release --no-run` built them). The test executables look for the paths they
-#   were built with (their target directory, and the checkout holding models/): BUILT_TARGET
-#   and BUILT_ROOT name them (defaults: /tmp/cudat/release and /work/main).
+#   `cargo test --release --no-run -p mlxcel-daemon --test golden -p mlxcel-tests --test
+#   daemon_e2e` built them). The test kit finds the binaries beside the test executable; the
+#   tests look for the checkout they were built in (it holds models/): BUILT_ROOT names it
+#   (default /work/main). BUILT_TARGET (default /tmp/cudat/release) gets copies of the binaries
+#   too, for executables built before the kit looked beside itself.
 set -uo pipefail
 
 STAGE="$1"

@@ -2,8 +2,6 @@
 //! donations that wait too long for releases. The cache task runs as in the server; the daemon
 //! side is a channel.
 
-mod support;
-
 use std::time::Duration;
 
 use mlxcel_cachemgr::server::cache_task::cache_task;
@@ -12,7 +10,7 @@ use mlxcel_cachemgr::{Cache, Policy};
 use mlxcel_ipc::proto::admin::{AdminReply, AdminRequest, CacheStats, EvictSelector};
 use mlxcel_ipc::proto::cache::{CacheToDaemon, DaemonToCache, DonatedBlock, Epoch, RefuseReason};
 use mlxcel_ipc::{BlockHash, BlockId};
-use support::{prompt_hashes, smollm2};
+use mlxcel_tests::geometry::{prompt_hashes, smollm2};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 

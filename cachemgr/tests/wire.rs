@@ -1,8 +1,6 @@
 //! The cache manager over its real socket, as a real process: hostile frames, the handshake,
 //! a test daemon's whole conversation, the seed's regression, epochs, signals and stale sockets.
 
-mod support;
-
 use std::time::Duration;
 
 use mlxcel_ipc::client::{AdminClient, ClientError, connect};
@@ -10,10 +8,10 @@ use mlxcel_ipc::proto::ErrorCode;
 use mlxcel_ipc::proto::admin::{AdminReply, AdminRequest, CacheStats, EvictSelector};
 use mlxcel_ipc::proto::cache::{CacheToDaemon, DaemonToCache};
 use mlxcel_ipc::{Connection, Hello, HelloReply, Limits, PROTOCOL_VERSION, Role, codec, socket};
+use mlxcel_tests::cache_daemon::TestDaemon;
+use mlxcel_tests::geometry::{prompt_hashes, smollm2};
+use mlxcel_tests::manager::Manager;
 use nix::sys::signal::Signal;
-use support::daemon::TestDaemon;
-use support::manager::Manager;
-use support::{prompt_hashes, smollm2};
 
 fn manager_bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_mlxcel-cachemgr"))

@@ -7,18 +7,14 @@
 //!
 //! Run with `make bench-load` (LOAD_SECONDS=60 for a shorter run, LOAD_CLIENTS to change 64).
 
-#[path = "../tests/support/http.rs"]
-mod http;
-#[path = "../tests/support/stack.rs"]
-mod stack;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mlxcel_tests::http;
+use mlxcel_tests::serve::{self as stack, Served};
 use serde_json::json;
-use stack::Served;
 
 #[derive(Default)]
 struct Tally {

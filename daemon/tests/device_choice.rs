@@ -5,8 +5,8 @@
 mod support;
 
 use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
-use support::process::{Daemon, run_to_exit};
-use support::root;
+use mlxcel_tests::daemon::{Daemon, run_to_exit};
+use mlxcel_tests::root;
 
 #[test]
 fn a_gpu_that_is_not_there_is_a_clear_startup_error() {
@@ -14,10 +14,7 @@ fn a_gpu_that_is_not_there_is_a_clear_startup_error() {
         eprintln!("SKIPPED: this machine has a GPU backend; the refusal cannot be shown here");
         return;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("mxv")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = mlxcel_tests::temp_dir("mxv");
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let out = run_to_exit(dir.path(), &model, &["--device", "gpu"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -41,10 +38,7 @@ fn the_cpu_can_be_chosen_by_flag_and_is_named() {
     let cpu = Placement::choose(DeviceChoice::Cpu).unwrap();
     assert_eq!((cpu.backend, cpu.gpu), (Backend::Cpu, false));
     assert_eq!(cpu.describe(), "cpu, Float32");
-    let dir = tempfile::Builder::new()
-        .prefix("mxv")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = mlxcel_tests::temp_dir("mxv");
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     // Started with --device cpu, the daemon loads the model and serves.
     let _d = Daemon::start(

@@ -8,7 +8,7 @@ use mlxcel_daemon::generate::{FinishReason, GenerateRequest, generate};
 use mlxcel_daemon::kv::DenseKv;
 use mlxcel_daemon::sampler::SamplingParams;
 use mlxcel_daemon::{Loaded, load};
-use support::{fixtures, ids, root};
+use mlxcel_tests::{fixtures, ids, root};
 
 /// MLX arrays stay on the thread that made them, so each test loads its own copy (~1 s).
 fn model() -> Loaded {

@@ -8,7 +8,7 @@ use mlx_rs::Dtype;
 use mlxcel_daemon::generate::{GenerateRequest, generate};
 use mlxcel_daemon::paged::PagedSeq;
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
-use support::{fixtures, ids, root};
+use mlxcel_tests::{fixtures, ids, root};
 
 fn shape(layers: usize, num_blocks: u32, block_tokens: usize) -> PoolShape {
     PoolShape {

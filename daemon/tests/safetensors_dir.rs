@@ -7,8 +7,9 @@ mod support;
 
 use std::path::Path;
 
+use mlxcel_tests::{fixtures, ids};
 use serde_json::json;
-use support::{HfDir, fixtures, ids, write_hf_dir};
+use support::{HfDir, write_hf_dir};
 
 fn greedy_matches(dir: &Path, required: usize) {
     let m = mlxcel_daemon::load(dir).expect("load the directory");

@@ -5,8 +5,9 @@
 mod support;
 
 use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FrontendToDaemon, SamplingDefaults};
-use support::process::{Daemon, frontend, run_to_exit};
-use support::{HfDir, root, write_hf_dir};
+use mlxcel_tests::daemon::{Daemon, frontend, run_to_exit};
+use mlxcel_tests::root;
+use support::{HfDir, write_hf_dir};
 
 async fn defaults_of(dir: &std::path::Path) -> SamplingDefaults {
     let mut c = frontend(dir).await;
@@ -19,10 +20,7 @@ async fn defaults_of(dir: &std::path::Path) -> SamplingDefaults {
 
 #[tokio::test]
 async fn an_hf_directorys_generation_config_comes_before_the_settings() {
-    let sockets = tempfile::Builder::new()
-        .prefix("mxd")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let sockets = mlxcel_tests::temp_dir("mxd");
     let model = tempfile::tempdir().unwrap();
     write_hf_dir(model.path(), HfDir::default());
     std::fs::write(
@@ -52,10 +50,7 @@ async fn an_hf_directorys_generation_config_comes_before_the_settings() {
 
 #[tokio::test]
 async fn the_default_model_ships_with_its_cards_settings() {
-    let sockets = tempfile::Builder::new()
-        .prefix("mxd")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let sockets = mlxcel_tests::temp_dir("mxd");
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let _d = Daemon::start(sockets.path(), &model, &["--kv-pool-bytes", "64MiB"]);
     let got = defaults_of(sockets.path()).await;
@@ -64,10 +59,7 @@ async fn the_default_model_ships_with_its_cards_settings() {
 
 #[test]
 fn a_malformed_generation_config_stops_the_daemon_naming_the_file() {
-    let sockets = tempfile::Builder::new()
-        .prefix("mxd")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let sockets = mlxcel_tests::temp_dir("mxd");
     let model = tempfile::tempdir().unwrap();
     // A GGUF model's settings live beside it: link the default model into a folder of our own.
     let gguf = model.path().join("smol.gguf");

@@ -7,7 +7,8 @@
 mod support;
 
 use mlxcel_daemon::model::Arch;
-use support::{HfDir, fixtures, ids, write_hf_dir};
+use mlxcel_tests::{fixtures, ids};
+use support::{HfDir, write_hf_dir};
 
 fn check(arch: &'static str, expected: Arch) {
     let f = fixtures();

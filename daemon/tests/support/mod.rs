@@ -2,9 +2,7 @@
 //! directory (optionally quantized, optionally as a Qwen2 / Qwen3 variant).
 #![allow(dead_code)]
 
-pub mod process;
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use mlx_rs::{Array, Dtype};
 use mlxcel_daemon::export::{ExportOptions, write_mlx_dir};
@@ -12,25 +10,6 @@ use mlxcel_daemon::generate::{GenerateRequest, generate};
 use mlxcel_daemon::kv::{DenseKv, KvStore};
 use mlxcel_daemon::model::{Model, gguf};
 use mlxcel_daemon::sampler::SamplingParams;
-use serde_json::Value;
-
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-pub fn fixtures() -> Value {
-    let text = std::fs::read_to_string(root().join("daemon/tests/fixtures/smollm2_golden.json"))
-        .expect("fixtures");
-    serde_json::from_str(&text).expect("fixture JSON")
-}
-
-pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
 
 /// A greedy request for `max_tokens` tokens with no stop ids.
 pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
@@ -101,8 +80,7 @@ fn extra(name: &str, layer: usize, n: usize) -> Array {
 
 /// Writes the default model into `dir` as described by `opts`.
 pub fn write_hf_dir(dir: &Path, opts: HfDir) {
-    let g = gguf::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-        .expect("run `make setup`");
+    let g = gguf::load(&mlxcel_tests::default_model()).expect("run `make setup`");
     let c = &g.config;
     let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim);
     let arch = opts.arch.unwrap_or("llama");
@@ -147,7 +125,7 @@ pub fn write_hf_dir(dir: &Path, opts: HfDir) {
 /// F16), with the metadata the engine reads.
 pub fn write_dense_gguf(path: &Path, dtype: Dtype) {
     use mlx_rs::io::GgufFile;
-    let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let src = mlxcel_tests::default_model();
     let g = gguf::load(&src).expect("run `make setup`");
     let c = &g.config;
     let v = &g.vocab;

@@ -1,0 +1,125 @@
+//! The real `mlxcel-daemon` process for end-to-end tests.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+/// A running daemon, killed when dropped.
+pub struct Daemon(pub Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn command(dir: &Path, model: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(crate::bin("mlxcel-daemon"));
+    c.arg("--socket-dir")
+        .arg(dir)
+        .arg("--model")
+        .arg(model)
+        .args(args)
+        // No configuration file but the test's own (none).
+        .env("XDG_CONFIG_HOME", dir)
+        .env_remove("MLXCEL_CONFIG")
+        .stdin(Stdio::null());
+    c
+}
+
+impl Daemon {
+    /// Starts the daemon on `model` with `args` and waits until its socket answers (the model
+    /// loaded). Panics with its exit status if it stops first.
+    pub fn start(dir: &Path, model: &Path, args: &[&str]) -> Daemon {
+        let mut d = Daemon::spawn(dir, model, args, &[]);
+        d.wait_listening(dir);
+        d
+    }
+
+    /// Starts the daemon with `env` on top, without waiting.
+    pub fn spawn(dir: &Path, model: &Path, args: &[&str], env: &[(&str, &Path)]) -> Daemon {
+        let mut c = command(dir, model, args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        Daemon(c.spawn().expect("start mlxcel-daemon"))
+    }
+
+    /// Waits until the daemon whose sockets are in `dir` answers; panics if it stops first.
+    pub fn wait_listening(&mut self, dir: &Path) {
+        let socket = dir.join("daemon.sock");
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                panic!("mlxcel-daemon stopped before listening: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Runs the daemon on `model` expecting it to stop by itself (a startup error); its output.
+pub fn run_to_exit(dir: &Path, model: &Path, args: &[&str]) -> Output {
+    command(dir, model, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run mlxcel-daemon")
+}
+
+/// A front end's connection to the daemon whose sockets are in `dir`.
+pub async fn frontend(dir: &Path) -> mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream> {
+    use mlxcel_ipc::{Limits, Role};
+    mlxcel_ipc::client::connect(
+        &dir.join("daemon.sock"),
+        Role::Frontend,
+        Limits::new(32 << 20),
+    )
+    .await
+    .expect("connect to the daemon")
+}
+
+/// A greedy request for `max_tokens` tokens, no stop ids, no log-probabilities.
+pub fn greedy_generate(
+    request_id: u64,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+) -> mlxcel_ipc::proto::daemon::FrontendToDaemon {
+    use mlxcel_ipc::proto::daemon::{FrontendToDaemon, Generate, Sampling};
+    FrontendToDaemon::Generate(Generate {
+        request_id,
+        prompt,
+        max_tokens,
+        stop_ids: vec![],
+        sampling: Sampling::default(),
+        logprobs: false,
+        cache_salt: None,
+    })
+}
+
+/// Reads request `request_id`'s tokens until it is done; panics if it fails or the daemon
+/// closes.
+pub async fn tokens_until_done(
+    c: &mut mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream>,
+    request_id: u64,
+) -> Vec<u32> {
+    use mlxcel_ipc::proto::daemon::DaemonToFrontend;
+    let mut tokens = Vec::new();
+    loop {
+        match c
+            .read_frame::<DaemonToFrontend>()
+            .await
+            .unwrap()
+            .expect("daemon closed")
+        {
+            DaemonToFrontend::Token {
+                request_id: r,
+                token,
+                ..
+            } if r == request_id => tokens.push(token),
+            DaemonToFrontend::Done { request_id: r, .. } if r == request_id => return tokens,
+            DaemonToFrontend::Failed { error, .. } => panic!("request failed: {error}"),
+            _ => {}
+        }
+    }
+}
