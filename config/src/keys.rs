@@ -221,6 +221,13 @@ pub const KEYS: &[Key] = &[
     ),
     key(
         Daemon,
+        "event-backlog",
+        "MLXCEL_EVENT_BACKLOG",
+        Some("16384"),
+        Count,
+    ),
+    key(
+        Daemon,
         "max-frame-bytes",
         "MLXCEL_DAEMON_MAX_FRAME_BYTES",
         Some("32MiB"),

@@ -67,6 +67,11 @@ struct Args {
     #[arg(long, env = "MLXCEL_MAX_BATCH_SIZE", default_value_t = 8)]
     max_batch_size: usize,
 
+    /// Events (tokens, ends) queued for one front-end connection; a front end that lets more
+    /// pile up has stopped reading: its connection is closed and its requests cancelled.
+    #[arg(long, env = "MLXCEL_EVENT_BACKLOG", default_value_t = 16384)]
+    event_backlog: usize,
+
     /// Largest IPC frame (the model info frame carries the tokenizer), at most 64MiB.
     #[arg(long, env = "MLXCEL_DAEMON_MAX_FRAME_BYTES", default_value = "32MiB", value_parser = parse_size)]
     max_frame_bytes: u64,
@@ -239,7 +244,7 @@ fn run(args: Args) -> Result<(), String> {
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));
         let limits = Limits::new(usize::try_from(args.max_frame_bytes).unwrap_or(usize::MAX));
-        let shared = Shared { engine: engine_tx.clone(), info: Arc::new(started.info), cache, limits, block_tokens: config.block_tokens, acquire_timeout: args.acquire_timeout, vitals: started.vitals.clone() };
+        let shared = Shared { engine: engine_tx.clone(), info: Arc::new(started.info), cache, limits, block_tokens: config.block_tokens, acquire_timeout: args.acquire_timeout, vitals: started.vitals.clone(), event_backlog: args.event_backlog };
         server::serve(listener, shared, shutdown).await;
         let _ = engine_tx.send(Command::Shutdown);
         let joined = tokio::task::spawn_blocking(move || engine_thread.join());

@@ -7,6 +7,13 @@
 //! After [`FrameError::Decode`] the stream is still in step (the whole frame was consumed), so a
 //! server can answer with an error and keep the connection; every other error leaves the stream
 //! unusable and the connection should be closed.
+//!
+//! A reader may have a frame deadline ([`FrameReader::with_frame_deadline`]): waiting for a frame
+//! to begin is unbounded (an idle peer is fine), but once its first byte has come the rest must
+//! follow within the deadline, so a peer that sends half a frame and stalls cannot hold the
+//! connection open.
+
+use std::time::Duration;
 
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::io::{
@@ -14,6 +21,10 @@ use tokio::io::{
 };
 
 use crate::codec::{self, CodecError, HARD_MAX_FRAME_BYTES};
+
+/// How long the rest of a frame may take once its first byte has come, on the servers'
+/// connections (a whole 4 MiB frame over a local socket takes milliseconds).
+pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Size limits for one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +69,9 @@ pub enum FrameError {
     /// A message we were asked to send could not be encoded.
     #[error("{0}")]
     Encode(CodecError),
+    /// A frame began but did not arrive whole within the reader's frame deadline.
+    #[error("a frame began but did not arrive whole within {0:?}")]
+    Stalled(Duration),
 }
 
 impl FrameError {
@@ -73,6 +87,7 @@ pub struct FrameReader<R> {
     inner: BufReader<R>,
     limits: Limits,
     buf: Vec<u8>,
+    frame_deadline: Option<Duration>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -82,7 +97,15 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             inner: BufReader::with_capacity(64 * 1024, inner),
             limits,
             buf: Vec::new(),
+            frame_deadline: None,
         }
+    }
+
+    /// Once a frame has begun, its rest must arrive within `deadline`, else
+    /// [`FrameError::Stalled`] (the stream is then out of step: close it).
+    pub fn with_frame_deadline(mut self, deadline: Duration) -> Self {
+        self.frame_deadline = Some(deadline);
+        self
     }
 
     /// Reads one whole frame's payload. `Ok(None)` is a clean end of stream between frames.
@@ -90,29 +113,46 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// own task instead.
     pub async fn read_payload(&mut self) -> Result<Option<&[u8]>, FrameError> {
         let mut prefix = [0u8; 4];
-        let mut got = 0;
+        let first = self.inner.read(&mut prefix).await?;
+        if first == 0 {
+            return Ok(None);
+        }
+        let rest = Self::read_rest(&mut self.inner, &mut self.buf, self.limits, prefix, first);
+        match self.frame_deadline {
+            None => rest.await?,
+            Some(limit) => tokio::time::timeout(limit, rest)
+                .await
+                .map_err(|_| FrameError::Stalled(limit))??,
+        }
+        Ok(Some(&self.buf))
+    }
+
+    /// The rest of a frame whose first `got` prefix bytes have come, into `buf`.
+    async fn read_rest(
+        inner: &mut BufReader<R>,
+        buf: &mut Vec<u8>,
+        limits: Limits,
+        mut prefix: [u8; 4],
+        mut got: usize,
+    ) -> Result<(), FrameError> {
         while got < prefix.len() {
-            let n = self.inner.read(&mut prefix[got..]).await?;
+            let n = inner.read(&mut prefix[got..]).await?;
             if n == 0 {
-                return if got == 0 {
-                    Ok(None)
-                } else {
-                    Err(FrameError::Truncated)
-                };
+                return Err(FrameError::Truncated);
             }
             got += n;
         }
         let len = u32::from_le_bytes(prefix) as usize;
-        if len > self.limits.max_frame_bytes {
+        if len > limits.max_frame_bytes {
             return Err(FrameError::TooLarge {
                 len,
-                max: self.limits.max_frame_bytes,
+                max: limits.max_frame_bytes,
             });
         }
-        self.buf.clear();
-        self.buf.resize(len, 0);
-        match self.inner.read_exact(&mut self.buf).await {
-            Ok(_) => Ok(Some(&self.buf)),
+        buf.clear();
+        buf.resize(len, 0);
+        match inner.read_exact(buf).await {
+            Ok(_) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(FrameError::Truncated),
             Err(e) => Err(FrameError::Io(e)),
         }
@@ -199,6 +239,12 @@ impl<S: AsyncRead + AsyncWrite> Connection<S> {
         }
     }
 
+    /// See [`FrameReader::with_frame_deadline`].
+    pub fn with_frame_deadline(mut self, deadline: Duration) -> Self {
+        self.reader = self.reader.with_frame_deadline(deadline);
+        self
+    }
+
     /// Reads one message; `Ok(None)` is a clean end of stream.
     pub async fn read_frame<M: DeserializeOwned>(&mut self) -> Result<Option<M>, FrameError> {
         self.reader.read_frame().await
@@ -279,5 +325,29 @@ mod tests {
             b.read_frame::<u8>().await,
             Err(FrameError::Truncated)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_stalled_frame_ends_at_the_deadline_and_an_idle_peer_does_not() {
+        let (a, b) = tokio::io::duplex(1024);
+        let mut a = Connection::new(a, Limits::default());
+        let (r, _w) = Connection::new(b, Limits::default()).into_split();
+        let mut r = r.with_frame_deadline(Duration::from_millis(100));
+        // Idle for longer than the deadline, then a whole frame: fine.
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            a.write_frame(&9u32).await.unwrap();
+            // Then half a length prefix, and nothing more.
+            a.writer().write_raw(&[8, 0]).await.unwrap();
+            a
+        });
+        assert_eq!(r.read_frame::<u32>().await.unwrap(), Some(9));
+        let _a = late.await.unwrap();
+        let begun = std::time::Instant::now();
+        assert!(matches!(
+            r.read_frame::<u32>().await,
+            Err(FrameError::Stalled(_))
+        ));
+        assert!(begun.elapsed() >= Duration::from_millis(100));
     }
 }

@@ -37,7 +37,7 @@ pub mod size;
 pub mod socket;
 
 pub use block_hash::{BlockHash, HashKey, HashSeed};
-pub use connection::{Connection, FrameError, FrameReader, FrameWriter, Limits};
+pub use connection::{Connection, FRAME_DEADLINE, FrameError, FrameReader, FrameWriter, Limits};
 pub use geometry::{Dtype, Geometry};
 pub use hello::{Hello, HelloReply, PROTOCOL_VERSION, Role};
 

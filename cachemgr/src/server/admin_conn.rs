@@ -5,7 +5,7 @@ use std::time::Duration;
 use mlxcel_ipc::proto::admin::{AdminReply, AdminRequest};
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 use mlxcel_ipc::socket::LocalStream;
-use mlxcel_ipc::{Connection, FrameError};
+use mlxcel_ipc::{Connection, FRAME_DEADLINE, FrameError};
 
 use super::CacheHandle;
 
@@ -13,7 +13,8 @@ use super::CacheHandle;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Serves admin requests until the client disconnects or sends an oversized frame.
-pub async fn serve(mut conn: Connection<LocalStream>, handle: CacheHandle) {
+pub async fn serve(conn: Connection<LocalStream>, handle: CacheHandle) {
+    let mut conn = conn.with_frame_deadline(FRAME_DEADLINE);
     loop {
         let reply = match conn.read_frame::<AdminRequest>().await {
             Ok(None) => return,

@@ -5,14 +5,14 @@
 use mlxcel_ipc::proto::cache::{CacheToDaemon, DaemonToCache, Epoch};
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 use mlxcel_ipc::socket::LocalStream;
-use mlxcel_ipc::{Connection, FrameError};
+use mlxcel_ipc::{Connection, FRAME_DEADLINE, FrameError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{CacheHandle, Command};
 
 /// Serves one daemon connection until it closes; its epoch is dropped when it does.
 pub async fn serve(conn: Connection<LocalStream>, pid: u32, handle: CacheHandle) {
-    let (mut reader, mut writer) = conn.into_split();
+    let (mut reader, mut writer) = conn.with_frame_deadline(FRAME_DEADLINE).into_split();
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<CacheToDaemon>();
     let writer_task = tokio::spawn(async move {
         while let Some(msg) = out_rx.recv().await {

@@ -3,11 +3,11 @@
 
 use std::time::Instant;
 
+use super::events::EventSink;
 use mlxcel_ipc::proto::ErrorCode;
 use mlxcel_ipc::proto::WireError;
 use mlxcel_ipc::proto::cache::DonatedBlock;
 use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, Generate, RequestId};
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::sequence::Sequence;
 use super::{Engine, Prefix};
@@ -15,13 +15,7 @@ use crate::paged::PagedSeq;
 use crate::sampler::Sampler;
 
 impl Engine {
-    pub(super) fn submit(
-        &mut self,
-        conn: u64,
-        req: Generate,
-        acquiring: bool,
-        events: UnboundedSender<DaemonToFrontend>,
-    ) {
+    pub(super) fn submit(&mut self, conn: u64, req: Generate, acquiring: bool, events: EventSink) {
         let ctx = self.loaded.model.config.context_length;
         let refusal = if req.prompt.is_empty() {
             Some("the prompt is empty".to_string())
@@ -39,7 +33,7 @@ impl Engine {
         };
         if let Some(message) = refusal {
             // A prefix that is still coming finds no request and is unleased then.
-            let _ = events.send(DaemonToFrontend::Failed {
+            events.send(DaemonToFrontend::Failed {
                 request_id: req.request_id,
                 error: WireError::new(ErrorCode::BadRequest, message),
             });
@@ -108,7 +102,7 @@ impl Engine {
             .collect();
         let seq = std::mem::take(&mut s.kv);
         self.cache.donate(&mut self.pool, seq.table, offered);
-        let _ = s.events.send(DaemonToFrontend::Done {
+        s.events.send(DaemonToFrontend::Done {
             request_id: s.id,
             finish: reason,
             usage,
@@ -118,7 +112,7 @@ impl Engine {
     pub(super) fn cancel(&mut self, matches: impl Fn(&Sequence) -> bool) {
         for mut s in self.sched.take(matches) {
             let usage = s.usage();
-            let _ = s.events.send(DaemonToFrontend::Done {
+            s.events.send(DaemonToFrontend::Done {
                 request_id: s.id,
                 finish: FinishReason::Cancelled,
                 usage,
@@ -129,7 +123,7 @@ impl Engine {
 
     /// Ends a request with an error and gives back what it held.
     pub(super) fn fail(&mut self, mut s: Sequence, error: WireError) {
-        let _ = s.events.send(DaemonToFrontend::Failed {
+        s.events.send(DaemonToFrontend::Failed {
             request_id: s.id,
             error,
         });

@@ -16,6 +16,7 @@
 
 mod cache_link;
 mod ceiling;
+mod events;
 mod lifecycle;
 pub mod scheduler;
 mod sequence;
@@ -30,11 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mlxcel_ipc::proto::cache::LeaseId;
-use mlxcel_ipc::proto::daemon::{DaemonToFrontend, Generate, ModelInfo, PoolStats, RequestId};
+use mlxcel_ipc::proto::daemon::{Generate, ModelInfo, PoolStats, RequestId};
 use mlxcel_ipc::{BlockHash, BlockId, Geometry};
-use tokio::sync::mpsc::UnboundedSender;
 
 pub use cache_link::{CacheLink, Refcounts};
+pub use events::{EventQueue, EventSink, event_queue};
 
 use crate::cache_client::{CacheClient, ManagerOrder};
 use crate::pool::BlockPool;
@@ -75,7 +76,7 @@ pub enum Command {
         conn: u64,
         req: Generate,
         acquiring: bool,
-        events: UnboundedSender<DaemonToFrontend>,
+        events: EventSink,
     },
     /// The cached prefix of a submitted request (empty: run it without reuse).
     Prefix {

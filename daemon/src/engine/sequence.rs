@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
+use super::events::EventSink;
 use mlx_rs::Array;
 use mlxcel_ipc::BlockHash;
 use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, RequestId, Usage};
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::Result;
 use crate::model::Model;
@@ -35,7 +35,7 @@ pub struct Sequence {
     pub max_tokens: usize,
     pub stop_ids: Vec<u32>,
     pub salt: Option<String>,
-    pub events: UnboundedSender<DaemonToFrontend>,
+    pub events: EventSink,
     pub queued_at: Instant,
     pub started_at: Instant,
     pub prefill_done_at: Option<Instant>,
@@ -133,7 +133,7 @@ impl Sequence {
             return Ok(Sampled::Finished(FinishReason::Stop));
         }
         self.generated.push(choice.token);
-        let _ = self.events.send(DaemonToFrontend::Token {
+        self.events.send(DaemonToFrontend::Token {
             request_id: self.id,
             token: choice.token,
             logprob: choice.logprob,

@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 use mlxcel_ipc::proto::daemon::{DaemonHealth, DaemonToFrontend, FrontendToDaemon, ModelInfo};
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 use mlxcel_ipc::socket::{LocalListener, LocalStream};
-use mlxcel_ipc::{BlockHash, FrameError, HashSeed, Limits, Role, handshake};
+use mlxcel_ipc::{BlockHash, FRAME_DEADLINE, FrameError, HashSeed, Limits, Role, handshake};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache_client::CacheClient;
-use crate::engine::{Command, Prefix, Vitals, read_vitals};
+use crate::engine::{Command, EventQueue, Prefix, Vitals, event_queue, read_vitals};
 use ends::Ends;
 
 mod ends;
@@ -38,6 +38,8 @@ pub struct Shared {
     pub acquire_timeout: Duration,
     /// The engine's latest counts (health is answered from here, without waiting on it).
     pub vitals: Vitals,
+    /// Events queued per connection before its front end counts as stuck ([`event_queue`]).
+    pub event_backlog: usize,
 }
 
 /// Connections served at once (front ends and `mlxcelctl`; one front end uses one). More are
@@ -92,8 +94,12 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
         return;
     };
     tracing::debug!(conn, pid = hello.pid, "front end connected");
-    let (mut reader, mut writer) = conn_io.into_split();
-    let (events, mut events_rx) = mpsc::unbounded_channel::<DaemonToFrontend>();
+    let (mut reader, mut writer) = conn_io.with_frame_deadline(FRAME_DEADLINE).into_split();
+    let (events, queue) = event_queue(conn, shared.event_backlog);
+    let EventQueue {
+        rx: mut events_rx,
+        stuck,
+    } = queue;
     // The server's own answers (health, info, cancels, frame errors) go first, ahead of the
     // engine's queued events.
     let (answers, mut answers_rx) = mpsc::unbounded_channel::<DaemonToFrontend>();
@@ -116,7 +122,13 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
         }
     });
     loop {
-        let msg = match reader.read_frame::<FrontendToDaemon>().await {
+        // Not cancel-safe, and need not be: a stuck connection is closed.
+        let frame = tokio::select! {
+            biased;
+            _ = stuck.cancelled() => break,
+            frame = reader.read_frame::<FrontendToDaemon>() => frame,
+        };
+        let msg = match frame {
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(e) => {
@@ -179,6 +191,10 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
     drop(events);
     // The engine holds event senders until it has ended this connection's requests.
     let _ = shared.engine.send(Command::ConnectionClosed { conn });
+    if stuck.is_cancelled() {
+        // Its writes would never finish: drop them with the socket.
+        writer_task.abort();
+    }
     let _ = writer_task.await;
 }
 
