@@ -6,7 +6,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mlxcel_daemon::device::{DeviceChoice, Placement};
 use mlxcel_ipc::client::{AdminClient, connect};
 use mlxcel_ipc::proto::admin::{AdminReply, AdminRequest, CacheStats, EvictSelector};
 use mlxcel_ipc::proto::daemon::{
@@ -15,29 +14,9 @@ use mlxcel_ipc::proto::daemon::{
 use mlxcel_ipc::socket::LocalStream;
 use mlxcel_ipc::{Connection, Limits, Role};
 use mlxcel_tests::bin;
-use mlxcel_tests::daemon::Daemon;
+use mlxcel_tests::daemon::{Daemon, block_bytes};
 use mlxcel_tests::manager::Manager;
 use mlxcel_tests::{fixtures, ids, root};
-use std::sync::OnceLock;
-
-/// A SmolLM2 block on the device this run uses: 2 x 30 layers x 3 kv heads x 64 x 32 tokens x
-/// the activation dtype (f32 on the CPU, 1,474,560 bytes; f16 on a GPU, half that).
-fn block_bytes() -> u64 {
-    static BYTES: OnceLock<u64> = OnceLock::new();
-    *BYTES.get_or_init(|| {
-        let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
-        eprintln!(
-            "daemon_e2e: on {} ({:?})",
-            placement.backend, placement.dtype
-        );
-        let width = if placement.dtype == mlx_rs::Dtype::Float32 {
-            4
-        } else {
-            2
-        };
-        2 * 30 * 3 * 64 * 32 * width
-    })
-}
 
 fn start_daemon(dir: &Path, pool_blocks: u64) -> Daemon {
     let pool = (pool_blocks * block_bytes()).to_string();

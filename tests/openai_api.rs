@@ -307,7 +307,7 @@ async fn a_repeated_long_prompt_is_served_from_the_cache_and_the_cache_routes_an
     assert!(blocks * 32 >= cached);
     assert_eq!(
         stats["used_bytes"].as_u64().unwrap(),
-        blocks * stack::BLOCK_BYTES
+        blocks * mlxcel_tests::daemon::block_bytes()
     );
     assert!(stats["prefix_hits"].as_u64().unwrap() >= 1);
 
@@ -337,7 +337,7 @@ async fn a_repeated_long_prompt_is_served_from_the_cache_and_the_cache_routes_an
     };
     assert_eq!(
         metric("mlxcel_cache_used_bytes "),
-        (blocks * stack::BLOCK_BYTES) as f64
+        (blocks * mlxcel_tests::daemon::block_bytes()) as f64
     );
     assert_eq!(metric("mlxcel_daemon_up "), 1.0);
     assert_eq!(metric("mlxcel_cachemgr_up "), 1.0);

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// A running daemon, killed when dropped.
@@ -122,4 +123,43 @@ pub async fn tokens_until_done(
             _ => {}
         }
     }
+}
+
+/// The KV block size of the daemon on this machine's default device (f32 activations on the
+/// CPU, 1,474,560 bytes for SmolLM2; f16 on a GPU, half that), asked once per test process of
+/// a daemon started for the question.
+pub fn block_bytes() -> u64 {
+    static BYTES: OnceLock<u64> = OnceLock::new();
+    *BYTES.get_or_init(|| {
+        // Its own thread and runtime: callers may be inside a runtime already.
+        std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async {
+                use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FrontendToDaemon};
+                let dir = crate::temp_dir("mxq");
+                let _d = Daemon::start(
+                    dir.path(),
+                    &crate::default_model(),
+                    &["--log-level", "warn"],
+                );
+                let mut c = frontend(dir.path()).await;
+                c.write_frame(&FrontendToDaemon::Health).await.expect("ask");
+                loop {
+                    match c.read_frame::<DaemonToFrontend>().await.expect("read") {
+                        Some(DaemonToFrontend::Health(h)) => {
+                            eprintln!("the daemon's KV block here: {} bytes", h.pool.block_bytes);
+                            return h.pool.block_bytes;
+                        }
+                        Some(_) => {}
+                        None => panic!("the daemon closed before answering"),
+                    }
+                }
+            })
+        })
+        .join()
+        .expect("the block size probe")
+    })
 }

@@ -11,9 +11,6 @@ use serde_json::Value;
 use crate::http::free_port;
 use crate::{bin, default_model};
 
-/// f32 SmolLM2 block: 2 x 30 layers x 3 KV heads x 64 x 4 bytes x 32 tokens.
-pub const BLOCK_BYTES: u64 = 1_474_560;
-
 /// A child process killed when dropped.
 pub struct Process {
     pub name: &'static str,
@@ -94,7 +91,7 @@ impl Stack {
         let args: Vec<&str> = opts.cachemgr_args.iter().map(String::as_str).collect();
         let cachemgr = Process::spawn("mlxcel-cachemgr", &args, dir.path());
         let model = default_model();
-        let pool = (opts.pool_blocks * BLOCK_BYTES).to_string();
+        let pool = (opts.pool_blocks * crate::daemon::block_bytes()).to_string();
         let model = model.to_string_lossy().into_owned();
         let daemon = Process::spawn(
             "mlxcel-daemon",
