@@ -340,6 +340,8 @@ async fn a_repeated_long_prompt_is_served_from_the_cache_and_the_cache_routes_an
         (blocks * mlxcel_tests::daemon::block_bytes()) as f64
     );
     assert_eq!(metric("mlxcel_daemon_up "), 1.0);
+    // An honest daemon never trips the front end's protocol checks.
+    assert_eq!(metric("mlxcel_daemon_protocol_violations_total "), 0.0);
     assert_eq!(metric("mlxcel_cachemgr_up "), 1.0);
     assert_eq!(metric("mlxcel_pool_blocks "), 256.0);
     assert!(metric("mlxcel_cached_prompt_tokens_total ") >= cached as f64);

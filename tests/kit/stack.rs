@@ -163,14 +163,14 @@ pub fn start_frontend(dir: &Path, args: &[&str]) -> Frontend {
     all.extend_from_slice(args);
     let mut process = Process::spawn("mlxcel-frontend", &all, dir);
     let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while blocking_get(&format!("{url}/health")).is_err() {
         if let Some(status) = process.exited() {
             panic!("mlxcel-frontend exited during startup: {status}");
         }
         assert!(
             Instant::now() < deadline,
-            "the front end did not listen within 20 s"
+            "the front end did not listen within 60 s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -26,7 +26,7 @@ impl Usage {
         Self {
             prompt_tokens: daemon.prompt_tokens,
             completion_tokens,
-            total_tokens: daemon.prompt_tokens + completion_tokens,
+            total_tokens: daemon.prompt_tokens.saturating_add(completion_tokens),
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: daemon.cached_tokens,
             },

@@ -95,6 +95,12 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
     let (daemon, cache) = tokio::join!(daemon_health(&app), app.cache.stats());
     let mut out = Exposition::default();
     app.metrics.write(&mut out);
+    out.counter(
+        "mlxcel_daemon_protocol_violations_total",
+        "Events of the daemon that broke the protocol (a token outside the vocabulary, usage \
+         that disagrees with what was sent, an event for a request never sent, a garbled frame).",
+        app.daemon.protocol_violations(),
+    );
     out.gauge(
         "mlxcel_waiting_requests",
         "Requests admitted by the front end and not yet producing tokens.",

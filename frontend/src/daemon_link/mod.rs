@@ -18,12 +18,15 @@ use mlxcel_ipc::proto::daemon::{
     DaemonHealth, DaemonToFrontend, FinishReason, FrontendToDaemon, Generate, RequestId, Usage,
 };
 use mlxcel_ipc::socket::LocalStream;
-use mlxcel_ipc::{FrameReader, Limits, Role};
+use mlxcel_ipc::{FrameError, FrameReader, Limits, Role};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
 use crate::text::ModelText;
+use referee::{Open, Referee, Verdict};
+
+mod referee;
 
 /// Where and how to reach the daemon.
 #[derive(Debug, Clone)]
@@ -55,6 +58,7 @@ pub enum Event {
 #[derive(Clone)]
 pub struct DaemonLink {
     state: Arc<Mutex<LinkState>>,
+    referee: Referee,
 }
 
 enum LinkState {
@@ -66,11 +70,14 @@ enum LinkState {
 pub struct Session {
     out: mpsc::UnboundedSender<FrontendToDaemon>,
     /// Open requests; `None` once the connection has ended (new requests are refused).
-    pending: Mutex<Option<HashMap<RequestId, mpsc::UnboundedSender<Event>>>>,
+    pending: Mutex<Option<HashMap<RequestId, Open>>>,
     /// Health requests waiting for their reply (the daemon answers in order).
     health: Mutex<VecDeque<oneshot::Sender<DaemonHealth>>>,
     next_id: AtomicU64,
     pub model: Arc<ModelText>,
+    /// Entries of the model's tokenizer: a token id at or above it is a lie.
+    vocab: u32,
+    referee: Referee,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,6 +92,7 @@ impl DaemonLink {
             state: Arc::new(Mutex::new(LinkState::Down {
                 reason: format!("not connected yet to {}", config.socket.display()),
             })),
+            referee: Referee::default(),
         };
         tokio::spawn(link_task(link.clone(), config, shutdown));
         link
@@ -96,6 +104,11 @@ impl DaemonLink {
             LinkState::Up(s) => Ok(s.clone()),
             LinkState::Down { reason } => Err(ApiError::daemon_down(reason.clone())),
         }
+    }
+
+    /// How often the daemon has broken the protocol since the front end started.
+    pub fn protocol_violations(&self) -> u64 {
+        self.referee.lies()
     }
 
     fn set(&self, state: LinkState) {
@@ -114,7 +127,15 @@ impl Session {
             let Some(map) = pending.as_mut() else {
                 return Err(ApiError::daemon_down("the connection to the daemon ended"));
             };
-            map.insert(id, tx);
+            map.insert(
+                id,
+                Open {
+                    events: tx,
+                    prompt_tokens: u32::try_from(request.prompt.len()).unwrap_or(u32::MAX),
+                    max_tokens: request.max_tokens,
+                    sent: 0,
+                },
+            );
         }
         if self.out.send(FrontendToDaemon::Generate(request)).is_err() {
             self.forget(id);
@@ -146,23 +167,13 @@ impl Session {
     }
 
     fn dispatch(&self, msg: DaemonToFrontend) {
-        let (id, event, last) = match msg {
-            DaemonToFrontend::Token {
-                request_id,
-                token,
-                logprob,
-            } => (request_id, Event::Token { token, logprob }, false),
-            DaemonToFrontend::Done {
-                request_id,
-                finish,
-                usage,
-            } => (request_id, Event::Done { finish, usage }, true),
-            DaemonToFrontend::Failed { request_id, error } => {
-                (request_id, Event::Failed(error), true)
-            }
+        let id = match &msg {
+            DaemonToFrontend::Token { request_id, .. }
+            | DaemonToFrontend::Done { request_id, .. }
+            | DaemonToFrontend::Failed { request_id, .. } => *request_id,
             DaemonToFrontend::Health(h) => {
                 if let Some(waiter) = lock(&self.health).pop_front() {
-                    let _ = waiter.send(h);
+                    let _ = waiter.send(h.clone());
                 }
                 return;
             }
@@ -172,23 +183,45 @@ impl Session {
                 return;
             }
         };
+        if id == 0 || id >= self.next_id.load(Ordering::Relaxed) {
+            self.referee.lie(format_args!(
+                "an event for request {id}, which was never sent"
+            ));
+            return;
+        }
         let mut pending = lock(&self.pending);
         let Some(map) = pending.as_mut() else { return };
-        let sender = if last {
-            map.remove(&id)
-        } else {
-            map.get(&id).cloned()
+        // Not open: it ended, or its client went and it was cancelled (events may still come).
+        let Some(open) = map.get_mut(&id) else { return };
+        let (event, last, cancel) = match msg {
+            DaemonToFrontend::Token { token, logprob, .. } => {
+                match self.referee.token(open, id, self.vocab, token, logprob) {
+                    Verdict::Deliver(event) => (event, false, false),
+                    Verdict::End(event) => (event, true, true),
+                }
+            }
+            DaemonToFrontend::Done { finish, usage, .. } => {
+                let usage = self.referee.usage(open, id, usage);
+                (Event::Done { finish, usage }, true, false)
+            }
+            DaemonToFrontend::Failed { error, .. } => (Event::Failed(error), true, false),
+            _ => return,
         };
-        if let Some(sender) = sender {
-            let _ = sender.send(event);
+        let _ = open.events.send(event);
+        if last {
+            map.remove(&id);
+        }
+        drop(pending);
+        if cancel {
+            let _ = self.out.send(FrontendToDaemon::Cancel { request_id: id });
         }
     }
 
     /// Ends every open request with `Lost` and refuses new ones.
     fn close(&self, reason: &str) {
         let pending = lock(&self.pending).take().unwrap_or_default();
-        for (_, sender) in pending {
-            let _ = sender.send(Event::Lost(reason.to_string()));
+        for (_, open) in pending {
+            let _ = open.events.send(Event::Lost(reason.to_string()));
         }
         lock(&self.health).clear();
     }
@@ -284,7 +317,9 @@ async fn run_session(link: &DaemonLink, config: &LinkConfig) -> Result<(), Strin
         pending: Mutex::new(Some(HashMap::new())),
         health: Mutex::new(VecDeque::new()),
         next_id: AtomicU64::new(1),
+        vocab: u32::try_from(model.tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX),
         model: Arc::new(model),
+        referee: link.referee.clone(),
     });
     let writer_task = tokio::spawn(async move {
         while let Some(msg) = out_rx.recv().await {
@@ -314,9 +349,16 @@ async fn read_loop(
             Ok(Some(msg)) => session.dispatch(msg),
             Ok(None) => return "the daemon closed the connection".into(),
             Err(e) if e.is_recoverable() => {
-                tracing::warn!("undecodable frame from the daemon: {e}");
+                session
+                    .referee
+                    .lie(format_args!("an undecodable frame: {e}"));
             }
-            Err(e) => return format!("the daemon connection failed: {e}"),
+            Err(e) => {
+                if matches!(e, FrameError::TooLarge { .. }) {
+                    session.referee.lie(format_args!("{e}"));
+                }
+                return format!("the daemon connection failed: {e}");
+            }
         }
     }
 }
