@@ -142,13 +142,11 @@ pub fn cache_salt(tenant: Option<&str>, request: Option<&str>) -> Option<String>
     }
 }
 
-/// Compares without an early exit, so timing does not reveal how much of a key matched.
+/// Compares without an early exit (`subtle`), so timing does not reveal how much of a key
+/// matched (only whether the lengths differ).
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, &x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(!x));
-    }
-    diff == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 #[cfg(test)]
