@@ -15,7 +15,6 @@ use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
 use mlxcel_ipc::size::format_size;
 use mlxcel_ipc::{Limits, Role};
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::settings;
 
@@ -166,23 +165,26 @@ async fn ask_daemon(socket: &Path) -> Result<(u32, ModelInfo, DaemonHealth), Str
 
 /// The front end's pid, from its `/health`.
 pub(crate) async fn ask_frontend(addr: SocketAddr) -> Result<u32, String> {
-    let mut stream = tokio::net::TcpStream::connect(addr)
+    use http_body_util::{BodyExt, Empty};
+    let client = hyper_util::client::legacy::Client::builder(
+        hyper_util::rt::TokioExecutor::new(),
+    )
+    .build_http::<Empty<bytes::Bytes>>();
+    let uri: hyper::Uri = format!("http://{addr}/health")
+        .parse()
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let response = client
+        .get(uri)
         .await
-        .map_err(|e| format!("nothing listens on {addr}: {e}"))?;
-    let request = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
+        .map_err(|e| format!("nothing answers on {addr}: {e}"))?;
+    let body = response
+        .into_body()
+        .collect()
         .await
-        .map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&response);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        .map_err(|e| format!("{addr}: {e}"))?
+        .to_bytes();
     let v: serde_json::Value =
-        serde_json::from_str(body).map_err(|_| format!("{addr} did not answer as mlxcel"))?;
+        serde_json::from_slice(&body).map_err(|_| format!("{addr} did not answer as mlxcel"))?;
     v["processes"]["frontend"]["pid"]
         .as_u64()
         .map(|p| p as u32)
