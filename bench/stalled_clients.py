@@ -43,7 +43,7 @@ def running(server):
 def run(timeout, clients, seconds, max_tokens):
     server = common.Mlxcel(f"write-timeout {timeout}", {"MLXCEL_WRITE_TIMEOUT": timeout})
     try:
-        fe = server.pids["mlxcel-frontend"]
+        fe = server.pids["frontend"]
         idle_rss = common.rss_bytes(fe)
         start = time.monotonic()
         model = common.request(server.port, "GET", "/v1/models")[1]["data"][0]["id"]
