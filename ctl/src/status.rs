@@ -166,10 +166,8 @@ async fn ask_daemon(socket: &Path) -> Result<(u32, ModelInfo, DaemonHealth), Str
 /// The front end's pid, from its `/health`.
 pub(crate) async fn ask_frontend(addr: SocketAddr) -> Result<u32, String> {
     use http_body_util::{BodyExt, Empty};
-    let client = hyper_util::client::legacy::Client::builder(
-        hyper_util::rt::TokioExecutor::new(),
-    )
-    .build_http::<Empty<bytes::Bytes>>();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<bytes::Bytes>>();
     let uri: hyper::Uri = format!("http://{addr}/health")
         .parse()
         .map_err(|e| format!("{addr}: {e}"))?;

@@ -13,14 +13,16 @@
 //! follow within the deadline, so a peer that sends half a frame and stalls cannot hold the
 //! connection open.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
+use futures_util::StreamExt;
 use serde::{Serialize, de::DeserializeOwned};
-use tokio::io::{
-    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf,
-};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio_util::codec::FramedRead;
 
 use crate::codec::{self, CodecError, HARD_MAX_FRAME_BYTES};
+use crate::frame_codec::FrameDecoder;
 
 /// How long the rest of a frame may take once its first byte has come, on the servers'
 /// connections (a whole 4 MiB frame over a local socket takes milliseconds).
@@ -82,22 +84,27 @@ impl FrameError {
 }
 
 /// Reads frames from the receive side of a stream (buffered: a small frame costs one read).
+/// Cancel-safe ([`crate::frame_codec`]): a read raced in `select!` loses nothing.
 #[derive(Debug)]
 pub struct FrameReader<R> {
-    inner: BufReader<R>,
-    limits: Limits,
-    buf: Vec<u8>,
+    inner: FramedRead<R, FrameDecoder>,
+    frame: BytesMut,
     frame_deadline: Option<Duration>,
+    /// When the frame now arriving began (its first bytes are buffered).
+    begun: Option<Instant>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Wraps `inner`.
     pub fn new(inner: R, limits: Limits) -> Self {
+        let decoder = FrameDecoder {
+            max: limits.max_frame_bytes,
+        };
         Self {
-            inner: BufReader::with_capacity(64 * 1024, inner),
-            limits,
-            buf: Vec::new(),
+            inner: FramedRead::with_capacity(inner, decoder, 64 * 1024),
+            frame: BytesMut::new(),
             frame_deadline: None,
+            begun: None,
         }
     }
 
@@ -109,52 +116,45 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Reads one whole frame's payload. `Ok(None)` is a clean end of stream between frames.
-    /// Not cancel-safe: do not race it in `select!` against other branches; give the reader its
-    /// own task instead.
     pub async fn read_payload(&mut self) -> Result<Option<&[u8]>, FrameError> {
-        let mut prefix = [0u8; 4];
-        let first = self.inner.read(&mut prefix).await?;
-        if first == 0 {
-            return Ok(None);
+        let next = match self.frame_deadline {
+            None => self.inner.next().await,
+            Some(limit) => self.next_within(limit).await?,
+        };
+        self.begun = None;
+        match next {
+            None => Ok(None),
+            Some(Err(e)) => Err(e),
+            Some(Ok(frame)) => {
+                self.frame = frame;
+                Ok(Some(&self.frame))
+            }
         }
-        let rest = Self::read_rest(&mut self.inner, &mut self.buf, self.limits, prefix, first);
-        match self.frame_deadline {
-            None => rest.await?,
-            Some(limit) => tokio::time::timeout(limit, rest)
-                .await
-                .map_err(|_| FrameError::Stalled(limit))??,
-        }
-        Ok(Some(&self.buf))
     }
 
-    /// The rest of a frame whose first `got` prefix bytes have come, into `buf`.
-    async fn read_rest(
-        inner: &mut BufReader<R>,
-        buf: &mut Vec<u8>,
-        limits: Limits,
-        mut prefix: [u8; 4],
-        mut got: usize,
-    ) -> Result<(), FrameError> {
-        while got < prefix.len() {
-            let n = inner.read(&mut prefix[got..]).await?;
-            if n == 0 {
-                return Err(FrameError::Truncated);
+    /// The next frame, failing once one has begun and not come whole within `limit`. Whether
+    /// a frame has begun is looked at every `limit / 8` while none has.
+    async fn next_within(
+        &mut self,
+        limit: Duration,
+    ) -> Result<Option<Result<BytesMut, FrameError>>, FrameError> {
+        let look = (limit / 8).max(Duration::from_millis(10));
+        loop {
+            if self.begun.is_none() && !self.inner.read_buffer().is_empty() {
+                self.begun = Some(Instant::now());
             }
-            got += n;
-        }
-        let len = u32::from_le_bytes(prefix) as usize;
-        if len > limits.max_frame_bytes {
-            return Err(FrameError::TooLarge {
-                len,
-                max: limits.max_frame_bytes,
-            });
-        }
-        buf.clear();
-        buf.resize(len, 0);
-        match inner.read_exact(buf).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(FrameError::Truncated),
-            Err(e) => Err(FrameError::Io(e)),
+            let wake = match self.begun {
+                Some(t) => t + limit,
+                None => Instant::now() + look,
+            };
+            tokio::select! {
+                next = self.inner.next() => return Ok(next),
+                _ = tokio::time::sleep_until(wake.into()) => {
+                    if self.begun.is_some_and(|t| t.elapsed() >= limit) {
+                        return Err(FrameError::Stalled(limit));
+                    }
+                }
+            }
         }
     }
 

@@ -25,6 +25,7 @@ pub mod block_hash;
 pub mod client;
 pub mod codec;
 pub mod connection;
+pub mod frame_codec;
 pub mod fuzzing;
 pub mod geometry;
 pub mod handshake;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use mlxcel_ipc::client::{ClientError, connect};
 use mlxcel_ipc::proto::cache::{CacheToDaemon, DaemonToCache, ReleaseId};
-use mlxcel_ipc::{FrameReader, FrameWriter, Limits, Role};
+use mlxcel_ipc::{FRAME_DEADLINE, FrameReader, FrameWriter, Limits, Role};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{CacheClientConfig, Donations, ManagerOrder, Pending, Registration};
@@ -69,11 +69,12 @@ pub(super) async fn connection_task(
 type Reader = FrameReader<tokio::io::ReadHalf<mlxcel_ipc::socket::LocalStream>>;
 type Writer = FrameWriter<tokio::io::WriteHalf<mlxcel_ipc::socket::LocalStream>>;
 
-/// One registered connection, until it fails. The socket's two halves get their own tasks
-/// (frame reads are not cancel-safe); this loop only moves whole messages between channels.
+/// One registered connection, until it fails. The write half gets a task of its own (a write
+/// must not wait behind a read); this loop reads the manager's messages and forwards the
+/// engine's requests.
 async fn session(
     config: &CacheClientConfig,
-    mut reader: Reader,
+    reader: Reader,
     mut writer: Writer,
     out_rx: &mut mpsc::UnboundedReceiver<DaemonToCache>,
     shared: &Shared,
@@ -87,26 +88,9 @@ async fn session(
             }
         }
     });
-    let (from_manager, mut incoming) = mpsc::unbounded_channel::<CacheToDaemon>();
-    let reader_task = tokio::spawn(async move {
-        loop {
-            match reader.read_frame::<CacheToDaemon>().await {
-                Ok(Some(msg)) => {
-                    if from_manager.send(msg).is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => return,
-                Err(e) if e.is_recoverable() => {
-                    tracing::warn!(error = %e, "bad frame from the cache manager")
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cache manager connection failed");
-                    return;
-                }
-            }
-        }
-    });
+    // Frame reads are cancel-safe, so the loop below reads the socket itself; half a frame
+    // followed by silence ends the session after the frame deadline.
+    let mut reader = reader.with_frame_deadline(FRAME_DEADLINE);
     let register = DaemonToCache::Register {
         call: 0,
         geometry: config.geometry.clone(),
@@ -119,15 +103,21 @@ async fn session(
                     Some(m) => if to_manager.send(m).is_err() { break },
                     None => break,
                 },
-                msg = incoming.recv() => match msg {
-                    Some(m) => if !handle(m, shared, &to_manager).await { break },
-                    None => break,
+                frame = reader.read_frame::<CacheToDaemon>() => match frame {
+                    Ok(Some(m)) => if !handle(m, shared, &to_manager).await { break },
+                    Ok(None) => break,
+                    Err(e) if e.is_recoverable() => {
+                        tracing::warn!(error = %e, "bad frame from the cache manager")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cache manager connection failed");
+                        break;
+                    }
                 },
                 _ = check.tick() => if donation_overdue(shared, config.donation_timeout) { break },
             }
         }
     }
-    reader_task.abort();
     writer_task.abort();
 }
 

@@ -122,7 +122,7 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
         }
     });
     loop {
-        // Not cancel-safe, and need not be: a stuck connection is closed.
+        // Frame reads are cancel-safe: a stuck connection ends here without losing a frame.
         let frame = tokio::select! {
             biased;
             _ = stuck.cancelled() => break,
