@@ -1,14 +1,18 @@
-//! The front end's own counters and histograms, and the Prometheus text format for them and
-//! for the figures gathered from the daemon and the cache manager (`GET /metrics`).
+//! The front end's own counters and histograms, and the figures gathered from the daemon and
+//! the cache manager, in the OpenMetrics text format (`GET /metrics`) through
+//! `prometheus-client`.
 //!
 //! Names follow Prometheus conventions: one `mlxcel_` prefix, base units (`_seconds`,
 //! `_bytes`), `_total` on counters, low-cardinality labels only.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram as PromHistogram;
+use prometheus_client::registry::Registry;
 
 use crate::openai::response::Usage;
 
@@ -18,49 +22,38 @@ const BUCKETS: [f64; 14] = [
 ];
 
 /// A cumulative histogram over [`BUCKETS`].
-#[derive(Debug, Default)]
-pub struct Histogram {
-    counts: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+#[derive(Debug, Clone)]
+pub struct Histogram(PromHistogram);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self(PromHistogram::new(BUCKETS))
+    }
 }
 
 impl Histogram {
     pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        if let Some(i) = BUCKETS.iter().position(|&b| secs <= b) {
-            self.counts[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.0.observe(d.as_secs_f64());
     }
+}
 
-    fn write(&self, out: &mut Exposition, name: &str, help: &str) {
-        out.header(name, help, "histogram");
-        let mut cumulative = 0;
-        for (bound, count) in BUCKETS.iter().zip(&self.counts) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out.text, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out.text, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out.text, "{name}_sum {sum}");
-        let _ = writeln!(out.text, "{name}_count {count}");
-    }
+/// The labels of `mlxcel_http_responses_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Response {
+    route: String,
+    status: u16,
 }
 
 /// Everything the front end counts itself.
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// HTTP responses by (route, status).
-    responses: Mutex<BTreeMap<(String, u16), u64>>,
-    prompt_tokens: AtomicU64,
-    completion_tokens: AtomicU64,
-    cached_tokens: AtomicU64,
-    generations: AtomicU64,
-    generation_failures: AtomicU64,
+    responses: Family<Response, Counter>,
+    prompt_tokens: Counter,
+    completion_tokens: Counter,
+    cached_tokens: Counter,
+    generations: Counter,
+    generation_failures: Counter,
     /// Time to first token.
     pub ttft: Histogram,
     /// Time from sending a generation to its end.
@@ -69,124 +62,123 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn response(&self, route: &str, status: u16) {
-        let mut map = self.responses.lock().unwrap_or_else(|p| p.into_inner());
-        *map.entry((route.to_string(), status)).or_default() += 1;
+        let labels = Response {
+            route: route.to_string(),
+            status,
+        };
+        self.responses.get_or_create(&labels).inc();
     }
 
     pub fn finished(&self, usage: &Usage, elapsed: Duration) {
-        self.generations.fetch_add(1, Ordering::Relaxed);
-        let add = |c: &AtomicU64, v: u32| c.fetch_add(u64::from(v), Ordering::Relaxed);
-        add(&self.prompt_tokens, usage.prompt_tokens);
-        add(&self.completion_tokens, usage.completion_tokens);
-        add(
-            &self.cached_tokens,
-            usage.prompt_tokens_details.cached_tokens,
-        );
+        self.generations.inc();
+        self.prompt_tokens.inc_by(u64::from(usage.prompt_tokens));
+        self.completion_tokens
+            .inc_by(u64::from(usage.completion_tokens));
+        self.cached_tokens
+            .inc_by(u64::from(usage.prompt_tokens_details.cached_tokens));
         self.duration.observe(elapsed);
     }
 
     pub fn generation_failed(&self) {
-        self.generation_failures.fetch_add(1, Ordering::Relaxed);
+        self.generation_failures.inc();
     }
 
-    /// Writes the front end's metrics.
+    /// Adds the front end's metrics to `out`.
     pub fn write(&self, out: &mut Exposition) {
-        out.header(
-            "mlxcel_http_responses_total",
-            "HTTP responses by route and status.",
-            "counter",
+        let r = &mut out.registry;
+        r.register(
+            "mlxcel_http_responses",
+            "HTTP responses by route and status",
+            self.responses.clone(),
         );
-        let map = self.responses.lock().unwrap_or_else(|p| p.into_inner());
-        for ((route, status), n) in map.iter() {
-            let _ = writeln!(
-                out.text,
-                "mlxcel_http_responses_total{{route=\"{}\",status=\"{status}\"}} {n}",
-                escape(route)
-            );
+        let counters = [
+            (
+                "mlxcel_generations",
+                "Generations that finished (any finish reason)",
+                &self.generations,
+            ),
+            (
+                "mlxcel_generation_failures",
+                "Generations that failed (daemon error or lost connection)",
+                &self.generation_failures,
+            ),
+            (
+                "mlxcel_prompt_tokens",
+                "Prompt tokens of finished generations",
+                &self.prompt_tokens,
+            ),
+            (
+                "mlxcel_cached_prompt_tokens",
+                "Prompt tokens served from the prefix cache",
+                &self.cached_tokens,
+            ),
+            (
+                "mlxcel_completion_tokens",
+                "Tokens returned to clients",
+                &self.completion_tokens,
+            ),
+        ];
+        for (name, help, counter) in counters {
+            r.register(name, help, counter.clone());
         }
-        drop(map);
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        out.counter(
-            "mlxcel_generations_total",
-            "Generations that finished (any finish reason).",
-            load(&self.generations),
-        );
-        out.counter(
-            "mlxcel_generation_failures_total",
-            "Generations that failed (daemon error or lost connection).",
-            load(&self.generation_failures),
-        );
-        out.counter(
-            "mlxcel_prompt_tokens_total",
-            "Prompt tokens of finished generations.",
-            load(&self.prompt_tokens),
-        );
-        out.counter(
-            "mlxcel_cached_prompt_tokens_total",
-            "Prompt tokens served from the prefix cache.",
-            load(&self.cached_tokens),
-        );
-        out.counter(
-            "mlxcel_completion_tokens_total",
-            "Tokens returned to clients.",
-            load(&self.completion_tokens),
-        );
-        self.ttft.write(
-            out,
+        r.register(
             "mlxcel_time_to_first_token_seconds",
-            "Time from sending a generation to its first token.",
+            "Time from sending a generation to its first token",
+            self.ttft.0.clone(),
         );
-        self.duration.write(
-            out,
+        r.register(
             "mlxcel_generation_duration_seconds",
-            "Time from sending a generation to its end.",
+            "Time from sending a generation to its end",
+            self.duration.0.clone(),
         );
     }
 }
 
-/// A Prometheus text exposition being written.
+/// One scrape's metrics being gathered, then encoded with [`Exposition::text`].
 #[derive(Debug, Default)]
 pub struct Exposition {
-    pub text: String,
+    registry: Registry,
+}
+
+/// The help text without the full stop the encoder adds.
+fn help(text: &str) -> &str {
+    text.strip_suffix('.').unwrap_or(text)
 }
 
 impl Exposition {
-    fn header(&mut self, name: &str, help: &str, kind: &str) {
-        let _ = writeln!(self.text, "# HELP {name} {help}");
-        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    pub fn gauge(&mut self, name: &str, text: &str, value: u64) {
+        let value = i64::try_from(value).unwrap_or(i64::MAX);
+        self.registry
+            .register(name, help(text), ConstGauge::new(value));
     }
 
-    pub fn gauge(&mut self, name: &str, help: &str, value: u64) {
-        self.header(name, help, "gauge");
-        let _ = writeln!(self.text, "{name} {value}");
+    /// A counter; `name` ends in `_total`, which the encoder writes itself.
+    pub fn counter(&mut self, name: &str, text: &str, value: u64) {
+        let base = name.strip_suffix("_total").unwrap_or(name);
+        self.registry
+            .register(base, help(text), ConstCounter::new(value));
     }
 
-    pub fn counter(&mut self, name: &str, help: &str, value: u64) {
-        self.header(name, help, "counter");
-        let _ = writeln!(self.text, "{name} {value}");
-    }
-
-    /// One metric with a label taking several values.
-    pub fn labelled(
-        &mut self,
-        name: &str,
-        help: &str,
-        kind: &str,
-        label: &str,
-        values: &[(&str, u64)],
-    ) {
-        self.header(name, help, kind);
+    /// One counter with a label taking several values.
+    pub fn labelled(&mut self, name: &str, text: &str, label: &str, values: &[(&str, u64)]) {
+        let family = Family::<Vec<(String, String)>, Counter>::default();
         for (v, n) in values {
-            let _ = writeln!(self.text, "{name}{{{label}=\"{}\"}} {n}", escape(v));
+            family
+                .get_or_create(&vec![(label.to_string(), v.to_string())])
+                .inc_by(*n);
         }
+        let base = name.strip_suffix("_total").unwrap_or(name);
+        self.registry.register(base, help(text), family);
     }
-}
 
-fn escape(label: &str) -> String {
-    label
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    /// The OpenMetrics text of everything gathered.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "cannot encode the metrics");
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -194,18 +186,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn histograms_are_cumulative_and_count_everything() {
-        let h = Histogram::default();
-        h.observe(Duration::from_millis(5));
-        h.observe(Duration::from_millis(300));
-        h.observe(Duration::from_secs(1000));
+    fn histograms_are_cumulative_and_counters_get_their_suffix() {
+        let m = Metrics::default();
+        m.ttft.observe(Duration::from_millis(5));
+        m.ttft.observe(Duration::from_millis(300));
+        m.ttft.observe(Duration::from_secs(1000));
+        m.response("/v1/models", 200);
         let mut out = Exposition::default();
-        h.write(&mut out, "x_seconds", "x");
-        assert!(out.text.contains("x_seconds_bucket{le=\"0.01\"} 1\n"));
-        assert!(out.text.contains("x_seconds_bucket{le=\"0.5\"} 2\n"));
-        assert!(out.text.contains("x_seconds_bucket{le=\"300\"} 2\n"));
-        assert!(out.text.contains("x_seconds_bucket{le=\"+Inf\"} 3\n"));
-        assert!(out.text.contains("x_seconds_count 3\n"));
-        assert!(out.text.contains("x_seconds_sum 1000.305\n"));
+        m.write(&mut out);
+        out.counter("x_things_total", "Things.", 3);
+        out.gauge("x_level", "Level.", 7);
+        out.labelled("x_by_reason_total", "By reason.", "reason", &[("a", 1)]);
+        let text = out.text();
+        let t = "mlxcel_time_to_first_token_seconds";
+        assert!(text.contains(&format!("{t}_bucket{{le=\"0.01\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("{t}_bucket{{le=\"0.5\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("{t}_bucket{{le=\"300.0\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("{t}_bucket{{le=\"+Inf\"}} 3\n")), "{text}");
+        assert!(text.contains(&format!("{t}_count 3\n")), "{text}");
+        assert!(text.contains(&format!("{t}_sum 1000.305\n")), "{text}");
+        assert!(text.contains(
+            "mlxcel_http_responses_total{route=\"/v1/models\",status=\"200\"} 1\n"
+        ));
+        assert!(text.contains("# HELP x_things Things.\n"), "{text}");
+        assert!(text.contains("x_things_total 3\n"));
+        assert!(text.contains("x_level 7\n"));
+        assert!(text.contains("x_by_reason_total{reason=\"a\"} 1\n"));
+        assert!(text.ends_with("# EOF\n"));
     }
 }

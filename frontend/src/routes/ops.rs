@@ -111,9 +111,9 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        out.text,
+        out.text(),
     )
         .into_response()
 }
@@ -306,7 +306,6 @@ fn write_cache(out: &mut Exposition, stats: Option<CacheStats>) {
     out.labelled(
         "mlxcel_cache_evicted_blocks_total",
         "Evicted blocks by reason.",
-        "counter",
         "reason",
         &[
             ("capacity", e.capacity),
@@ -322,7 +321,6 @@ fn write_cache(out: &mut Exposition, stats: Option<CacheStats>) {
     out.labelled(
         "mlxcel_cache_rejected_blocks_total",
         "Donated blocks refused by reason.",
-        "counter",
         "reason",
         &[
             ("capacity", r.capacity),
