@@ -199,15 +199,27 @@ mod tests {
         out.labelled("x_by_reason_total", "By reason.", "reason", &[("a", 1)]);
         let text = out.text();
         let t = "mlxcel_time_to_first_token_seconds";
-        assert!(text.contains(&format!("{t}_bucket{{le=\"0.01\"}} 1\n")), "{text}");
-        assert!(text.contains(&format!("{t}_bucket{{le=\"0.5\"}} 2\n")), "{text}");
-        assert!(text.contains(&format!("{t}_bucket{{le=\"300.0\"}} 2\n")), "{text}");
-        assert!(text.contains(&format!("{t}_bucket{{le=\"+Inf\"}} 3\n")), "{text}");
+        assert!(
+            text.contains(&format!("{t}_bucket{{le=\"0.01\"}} 1\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{t}_bucket{{le=\"0.5\"}} 2\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{t}_bucket{{le=\"300.0\"}} 2\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{t}_bucket{{le=\"+Inf\"}} 3\n")),
+            "{text}"
+        );
         assert!(text.contains(&format!("{t}_count 3\n")), "{text}");
         assert!(text.contains(&format!("{t}_sum 1000.305\n")), "{text}");
-        assert!(text.contains(
-            "mlxcel_http_responses_total{route=\"/v1/models\",status=\"200\"} 1\n"
-        ));
+        assert!(
+            text.contains("mlxcel_http_responses_total{route=\"/v1/models\",status=\"200\"} 1\n")
+        );
         assert!(text.contains("# HELP x_things Things.\n"), "{text}");
         assert!(text.contains("x_things_total 3\n"));
         assert!(text.contains("x_level 7\n"));

@@ -32,6 +32,7 @@ pub mod handshake;
 pub mod hello;
 pub mod lifeline;
 pub mod proto;
+pub mod reconnect;
 pub mod runtime_dir;
 pub mod signals;
 pub mod size;

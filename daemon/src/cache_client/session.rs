@@ -1,11 +1,14 @@
 //! The connection task: connect, register, then move messages between the handle, the
-//! manager and the engine until the session fails; then tell the engine and reconnect.
+//! manager and the engine until the session fails; then tell the engine and reconnect (the
+//! loop is `mlxcel_ipc::reconnect`, shared with the front end's daemon link).
 
 use std::time::Duration;
 
-use mlxcel_ipc::client::{ClientError, connect};
+use mlxcel_ipc::client::ClientError;
 use mlxcel_ipc::proto::cache::{CacheToDaemon, DaemonToCache, ReleaseId};
-use mlxcel_ipc::{FRAME_DEADLINE, FrameReader, FrameWriter, Limits, Role};
+use mlxcel_ipc::reconnect::{Next, Reconnect, Session as ReconnectSession};
+use mlxcel_ipc::socket::LocalStream;
+use mlxcel_ipc::{Connection, FRAME_DEADLINE, FrameReader, FrameWriter, Limits, Role};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{CacheClientConfig, Donations, ManagerOrder, Pending, Registration};
@@ -23,46 +26,67 @@ pub(super) async fn connection_task(
     mut out_rx: mpsc::UnboundedReceiver<DaemonToCache>,
     shared: Shared,
 ) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        // A hung manager accepts the connection but never answers the handshake: retry later.
-        let attempt = tokio::time::timeout(
-            config.request_timeout,
-            connect(&config.socket, Role::Daemon, Limits::default()),
-        );
-        match attempt.await.unwrap_or(Err(ClientError::Closed)) {
-            Ok(conn) => {
-                backoff = Duration::from_millis(50);
-                let (reader, writer) = conn.into_split();
-                session(&config, reader, writer, &mut out_rx, &shared).await;
-                let _ = shared.epoch.send(None);
-                if let Ok(mut p) = shared.pending.lock() {
-                    p.clear();
-                }
-                let lost: Vec<u64> = shared
-                    .donations
-                    .lock()
-                    .map(|mut d| d.drain().map(|(_, (t, _))| t).collect())
-                    .unwrap_or_default();
-                for tag in lost {
-                    let _ = shared.orders.send(ManagerOrder::DonationLost { tag });
-                }
-                if shared.orders.send(ManagerOrder::Disconnected).is_err() {
-                    return;
-                }
-                tracing::warn!(
-                    "cache manager connection lost; serving without prefix reuse, reconnecting"
-                );
-            }
-            Err(e) => tracing::debug!(error = %e, "cache manager not reachable"),
+    // A hung manager accepts the connection but never answers the handshake: retry later.
+    let reconnect = Reconnect {
+        socket: config.socket.clone(),
+        role: Role::Daemon,
+        limits: Limits::default(),
+        connect_timeout: config.request_timeout,
+        first_backoff: Duration::from_millis(50),
+        max_backoff: config.max_backoff,
+    };
+    let mut session = ManagerSession {
+        config: &config,
+        out_rx: &mut out_rx,
+        shared: &shared,
+    };
+    reconnect.run(&mut session).await;
+}
+
+/// The cache manager's side of [`Reconnect`]: register and serve, then tell the engine.
+struct ManagerSession<'a> {
+    config: &'a CacheClientConfig,
+    out_rx: &'a mut mpsc::UnboundedReceiver<DaemonToCache>,
+    shared: &'a Shared,
+}
+
+impl ReconnectSession for ManagerSession<'_> {
+    async fn run(&mut self, conn: Connection<LocalStream>) -> Next {
+        let shared = self.shared;
+        let (reader, writer) = conn.into_split();
+        session(self.config, reader, writer, self.out_rx, shared).await;
+        let _ = shared.epoch.send(None);
+        if let Ok(mut p) = shared.pending.lock() {
+            p.clear();
         }
+        let lost: Vec<u64> = shared
+            .donations
+            .lock()
+            .map(|mut d| d.drain().map(|(_, (t, _))| t).collect())
+            .unwrap_or_default();
+        for tag in lost {
+            let _ = shared.orders.send(ManagerOrder::DonationLost { tag });
+        }
+        if shared.orders.send(ManagerOrder::Disconnected).is_err() {
+            return Next::Stop;
+        }
+        tracing::warn!("cache manager connection lost; serving without prefix reuse, reconnecting");
+        Next::Retry
+    }
+
+    fn unreachable(&mut self, error: &ClientError) -> Next {
+        tracing::debug!(%error, "cache manager not reachable");
+        Next::Retry
+    }
+
+    fn between(&mut self) -> Next {
         // Requests sent while disconnected are dropped: their callers already got None.
-        while out_rx.try_recv().is_ok() {}
-        if shared.orders.is_closed() {
-            return;
+        while self.out_rx.try_recv().is_ok() {}
+        if self.shared.orders.is_closed() {
+            Next::Stop
+        } else {
+            Next::Retry
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(config.max_backoff);
     }
 }
 

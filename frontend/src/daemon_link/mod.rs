@@ -12,13 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use mlxcel_ipc::client::connect;
+use mlxcel_ipc::client::ClientError;
 use mlxcel_ipc::proto::WireError;
 use mlxcel_ipc::proto::daemon::{
     DaemonHealth, DaemonToFrontend, FinishReason, FrontendToDaemon, Generate, RequestId, Usage,
 };
+use mlxcel_ipc::reconnect::{Next, Reconnect, Session as ReconnectSession};
 use mlxcel_ipc::socket::LocalStream;
-use mlxcel_ipc::{FrameError, FrameReader, Limits, Role};
+use mlxcel_ipc::{Connection, FrameError, FrameReader, Limits, Role};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -266,35 +267,56 @@ impl Drop for Generation {
     }
 }
 
-/// Keeps a session up: connect, fetch the model, serve, and reconnect when it ends.
+/// Keeps a session up: connect, fetch the model, serve, and reconnect when it ends (the loop
+/// is `mlxcel_ipc::reconnect`, shared with the daemon's cache-manager client).
 async fn link_task(link: DaemonLink, config: LinkConfig, shutdown: CancellationToken) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let result = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = run_session(&link, &config) => r,
-        };
-        let reason = match result {
-            Ok(()) => "the daemon closed the connection".to_string(),
-            Err(e) => e,
-        };
-        link.set(LinkState::Down {
-            reason: reason.clone(),
-        });
-        tracing::debug!(%reason, "daemon link down; retrying in {backoff:?}");
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(config.max_backoff);
+    // A hung daemon may accept and never answer the handshake: retry later.
+    let reconnect = Reconnect {
+        socket: config.socket.clone(),
+        role: Role::Frontend,
+        limits: config.limits,
+        connect_timeout: Duration::from_secs(10),
+        first_backoff: Duration::from_millis(50),
+        max_backoff: config.max_backoff,
+    };
+    let mut session = LinkSession {
+        link: &link,
+        socket: &config.socket,
+    };
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = reconnect.run(&mut session) => {}
     }
 }
 
-/// One connection's life. Returns when it ends (Err = why it could not start or went wrong).
-async fn run_session(link: &DaemonLink, config: &LinkConfig) -> Result<(), String> {
-    let conn = connect(&config.socket, Role::Frontend, config.limits)
-        .await
-        .map_err(|e| format!("cannot reach {}: {e}", config.socket.display()))?;
+/// The daemon's side of [`Reconnect`]: the link is up while a session runs.
+struct LinkSession<'a> {
+    link: &'a DaemonLink,
+    socket: &'a PathBuf,
+}
+
+impl ReconnectSession for LinkSession<'_> {
+    async fn run(&mut self, conn: Connection<LocalStream>) -> Next {
+        let Err(reason) = run_session(self.link, self.socket, conn).await;
+        tracing::debug!(%reason, "daemon link down; reconnecting");
+        self.link.set(LinkState::Down { reason });
+        Next::Retry
+    }
+
+    fn unreachable(&mut self, error: &ClientError) -> Next {
+        let reason = format!("cannot reach {}: {error}", self.socket.display());
+        tracing::debug!(%reason, "daemon not reachable");
+        self.link.set(LinkState::Down { reason });
+        Next::Retry
+    }
+}
+
+/// One connection's life, until it ends: why it could not start or why it ended.
+async fn run_session(
+    link: &DaemonLink,
+    socket: &std::path::Path,
+    conn: Connection<LocalStream>,
+) -> Result<std::convert::Infallible, String> {
     let (mut reader, mut writer) = conn.into_split();
     writer
         .write_frame(&FrontendToDaemon::Info)
@@ -328,7 +350,7 @@ async fn run_session(link: &DaemonLink, config: &LinkConfig) -> Result<(), Strin
             }
         }
     });
-    tracing::info!(model = %session.model.model_id, socket = %config.socket.display(), "connected to the daemon");
+    tracing::info!(model = %session.model.model_id, socket = %socket.display(), "connected to the daemon");
     link.set(LinkState::Up(session.clone()));
     let ended = read_loop(&mut reader, &session).await;
     link.set(LinkState::Down {
@@ -337,7 +359,7 @@ async fn run_session(link: &DaemonLink, config: &LinkConfig) -> Result<(), Strin
     session.close(&ended);
     writer_task.abort();
     tracing::warn!("{ended}");
-    Ok(())
+    Err(ended)
 }
 
 async fn read_loop(
