@@ -6,15 +6,15 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mlxcel_ipc::client::{AdminClient, connect};
+use mlxcel_ipc::client::AdminClient;
 use mlxcel_ipc::proto::admin::{AdminReply, AdminRequest, CacheStats, EvictSelector};
 use mlxcel_ipc::proto::daemon::{
-    DaemonHealth, DaemonToFrontend, FinishReason, FrontendToDaemon, Generate, Sampling, Usage,
+    DaemonHealth, DaemonToFrontend, FinishReason, FrontendToDaemon, Usage,
 };
 use mlxcel_ipc::socket::LocalStream;
-use mlxcel_ipc::{Connection, Limits, Role};
+use mlxcel_ipc::{Connection, Role};
 use mlxcel_tests::bin;
-use mlxcel_tests::daemon::{Daemon, block_bytes};
+use mlxcel_tests::daemon::{Daemon, block_bytes, frontend, greedy_generate, health, reply};
 use mlxcel_tests::manager::Manager;
 use mlxcel_tests::{fixtures, ids, root};
 
@@ -36,67 +36,23 @@ fn start_daemon(dir: &Path, pool_blocks: u64) -> Daemon {
     )
 }
 
-async fn frontend(dir: &Path) -> Connection<LocalStream> {
-    connect(
-        &dir.join("daemon.sock"),
-        Role::Frontend,
-        Limits::new(32 << 20),
-    )
-    .await
-    .expect("connect")
-}
-
+/// A greedy request with log-probabilities.
 fn greedy(request_id: u64, prompt: Vec<u32>, max_tokens: u32) -> FrontendToDaemon {
-    FrontendToDaemon::Generate(Generate {
-        request_id,
-        prompt,
-        max_tokens,
-        stop_ids: vec![],
-        sampling: Sampling::default(),
-        logprobs: true,
-        cache_salt: None,
-    })
+    let mut g = greedy_generate(request_id, prompt, max_tokens);
+    if let FrontendToDaemon::Generate(r) = &mut g {
+        r.logprobs = true;
+    }
+    g
 }
 
-/// Reads one request's tokens until its end.
+/// Reads one request's tokens until its end; every token has a log-probability ≤ 0.
 async fn collect(
     c: &mut Connection<LocalStream>,
     request_id: u64,
 ) -> (Vec<u32>, FinishReason, Usage) {
-    let mut tokens = Vec::new();
-    loop {
-        match c
-            .read_frame::<DaemonToFrontend>()
-            .await
-            .unwrap()
-            .expect("daemon closed")
-        {
-            DaemonToFrontend::Token {
-                request_id: r,
-                token,
-                logprob,
-            } if r == request_id => {
-                assert!(logprob.is_some_and(|l| l <= 0.0));
-                tokens.push(token);
-            }
-            DaemonToFrontend::Done {
-                request_id: r,
-                finish,
-                usage,
-            } if r == request_id => return (tokens, finish, usage),
-            DaemonToFrontend::Failed { error, .. } => panic!("request failed: {error}"),
-            _ => {}
-        }
-    }
-}
-
-async fn health(c: &mut Connection<LocalStream>) -> DaemonHealth {
-    c.write_frame(&FrontendToDaemon::Health).await.unwrap();
-    loop {
-        if let DaemonToFrontend::Health(h) = c.read_frame().await.unwrap().unwrap() {
-            return h;
-        }
-    }
+    let r = reply(c, request_id).await;
+    assert!(r.logprobs.iter().all(|l| l.is_some_and(|l| l <= 0.0)));
+    (r.tokens, r.finish, r.usage)
 }
 
 /// Polls the daemon's health until `ok` (the pool settles asynchronously after a request).

@@ -6,23 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use mlxcel_ipc::proto::daemon::{DaemonHealth, DaemonToFrontend, FrontendToDaemon};
-use mlxcel_ipc::socket::LocalStream;
-use mlxcel_ipc::{Connection, FRAME_DEADLINE, Limits, Role, client::connect};
-use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate};
+use mlxcel_ipc::proto::daemon::DaemonToFrontend;
+use mlxcel_ipc::{FRAME_DEADLINE, Limits, Role, client::connect};
+use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate, health};
 use mlxcel_tests::manager::Manager;
 use mlxcel_tests::{bin, default_model, fixtures, ids};
-
-async fn health(c: &mut Connection<LocalStream>) -> DaemonHealth {
-    c.write_frame(&FrontendToDaemon::Health).await.unwrap();
-    loop {
-        match c.read_frame::<DaemonToFrontend>().await.unwrap() {
-            Some(DaemonToFrontend::Health(h)) => return h,
-            Some(_) => {}
-            None => panic!("the daemon closed the admin connection"),
-        }
-    }
-}
 
 #[tokio::test]
 async fn a_front_end_that_stops_reading_is_closed_and_its_requests_are_cancelled() {

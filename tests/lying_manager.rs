@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use mlxcel_ipc::proto::cache::{
     CacheToDaemon, DaemonToCache, DonateOutcome, DonatedBlock, Epoch, LeaseId,
 };
-use mlxcel_ipc::proto::daemon::{DaemonHealth, DaemonToFrontend, FrontendToDaemon, Usage};
+use mlxcel_ipc::proto::daemon::Usage;
 use mlxcel_ipc::socket::LocalStream;
 use mlxcel_ipc::{BlockId, Connection, Limits, Role, handshake, socket};
-use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate};
+use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate, health, reply};
 use mlxcel_tests::{fixtures, ids, root};
 use tokio::sync::mpsc;
 
@@ -80,27 +80,8 @@ async fn generate(c: &mut Connection<LocalStream>, id: u64, prompt: Vec<u32>) ->
     c.write_frame(&greedy_generate(id, prompt, 32))
         .await
         .unwrap();
-    let mut tokens = Vec::new();
-    loop {
-        match c
-            .read_frame::<DaemonToFrontend>()
-            .await
-            .unwrap()
-            .expect("open")
-        {
-            DaemonToFrontend::Token { token, .. } => tokens.push(token),
-            DaemonToFrontend::Done { usage, .. } => return (tokens, usage),
-            other => panic!("{other:?}"),
-        }
-    }
-}
-
-async fn health(c: &mut Connection<LocalStream>) -> DaemonHealth {
-    c.write_frame(&FrontendToDaemon::Health).await.unwrap();
-    match c.read_frame::<DaemonToFrontend>().await.unwrap() {
-        Some(DaemonToFrontend::Health(h)) => h,
-        other => panic!("{other:?}"),
-    }
+    let r = reply(c, id).await;
+    (r.tokens, r.usage)
 }
 
 #[tokio::test]

@@ -98,29 +98,77 @@ pub fn greedy_generate(
     })
 }
 
-/// Reads request `request_id`'s tokens until it is done; panics if it fails or the daemon
-/// closes.
-pub async fn tokens_until_done(
+/// What the daemon sent for one request.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<Option<f32>>,
+    pub finish: mlxcel_ipc::proto::daemon::FinishReason,
+    pub usage: mlxcel_ipc::proto::daemon::Usage,
+}
+
+/// Reads request `request_id`'s events until it is done (others' are skipped); panics if it
+/// fails or the daemon closes.
+pub async fn reply(
     c: &mut mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream>,
     request_id: u64,
-) -> Vec<u32> {
+) -> Reply {
     use mlxcel_ipc::proto::daemon::DaemonToFrontend;
-    let mut tokens = Vec::new();
+    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
     loop {
         match c
             .read_frame::<DaemonToFrontend>()
             .await
-            .unwrap()
+            .expect("a frame from the daemon")
             .expect("daemon closed")
         {
             DaemonToFrontend::Token {
                 request_id: r,
                 token,
-                ..
-            } if r == request_id => tokens.push(token),
-            DaemonToFrontend::Done { request_id: r, .. } if r == request_id => return tokens,
+                logprob,
+            } if r == request_id => {
+                tokens.push(token);
+                logprobs.push(logprob);
+            }
+            DaemonToFrontend::Done {
+                request_id: r,
+                finish,
+                usage,
+            } if r == request_id => {
+                return Reply {
+                    tokens,
+                    logprobs,
+                    finish,
+                    usage,
+                };
+            }
             DaemonToFrontend::Failed { error, .. } => panic!("request failed: {error}"),
             _ => {}
+        }
+    }
+}
+
+/// Request `request_id`'s tokens (see [`reply`]).
+pub async fn tokens_until_done(
+    c: &mut mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream>,
+    request_id: u64,
+) -> Vec<u32> {
+    reply(c, request_id).await.tokens
+}
+
+/// Asks the daemon for its health and waits for the answer (other frames are skipped).
+pub async fn health(
+    c: &mut mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream>,
+) -> mlxcel_ipc::proto::daemon::DaemonHealth {
+    use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FrontendToDaemon};
+    c.write_frame(&FrontendToDaemon::Health)
+        .await
+        .expect("ask for health");
+    loop {
+        match c.read_frame::<DaemonToFrontend>().await.expect("a frame") {
+            Some(DaemonToFrontend::Health(h)) => return h,
+            Some(_) => {}
+            None => panic!("the daemon closed before answering"),
         }
     }
 }
