@@ -13,7 +13,7 @@ use mlxcel_ipc::block_hash::{HashSeed, block_hashes};
 use mlxcel_ipc::client::AdminClient;
 use mlxcel_ipc::proto::admin::{AdminReply, AdminRequest, CacheStats};
 use mlxcel_ipc::proto::cache::{DonatedBlock, InventoryReport};
-use mlxcel_ipc::{BlockHash, Dtype, Geometry, Role};
+use mlxcel_ipc::{BlockHash, Geometry, Role};
 use mlxcel_tests::bin;
 use mlxcel_tests::manager::Manager;
 use tokio::sync::mpsc;
@@ -21,15 +21,7 @@ use tokio::sync::mpsc;
 const BLOCK_BYTES: u64 = 737_280;
 
 fn geometry() -> Geometry {
-    Geometry {
-        model_id: "SmolLM2-135M-Instruct".into(),
-        layers: 30,
-        kv_heads: 3,
-        head_dim: 64,
-        dtype: Dtype::F16,
-        block_tokens: 32,
-        pool_blocks: 64,
-    }
+    mlxcel_tests::geometry::smollm2(64)
 }
 
 fn chain(seed: u32, blocks: usize) -> Vec<BlockHash> {

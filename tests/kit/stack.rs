@@ -179,25 +179,13 @@ pub fn start_frontend(dir: &Path, args: &[&str]) -> Frontend {
 
 /// GET with a plain blocking socket (used before a runtime exists): status and JSON body.
 pub fn blocking_get(url: &str) -> Result<(u16, Value), String> {
-    use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").ok_or("not http")?;
     let (host, path) = rest.split_once('/').ok_or("no path")?;
-    let mut s = std::net::TcpStream::connect(host).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        s,
-        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| e.to_string())?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or("no status")?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+    let port = host
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .ok_or("no port")?;
+    crate::http::request(port, "GET", &format!("/{path}"), None)
 }
 
 /// An async HTTP client for the tests.
