@@ -2,7 +2,8 @@
 //! requests cancelled once `--event-backlog` events have piled up (before, the daemon queued
 //! every token of every request without bound), and a peer that sends half a frame and stalls
 //! is cut off after the frame deadline, by the daemon and by the cache manager (before, it held
-//! the connection for ever).
+//! the connection for ever). A client that asks question after question and never reads the
+//! answers is closed too (before, the answers queued without bound).
 
 use std::time::{Duration, Instant};
 
@@ -112,4 +113,35 @@ async fn half_a_frame_is_cut_off_after_the_frame_deadline() {
         took >= FRAME_DEADLINE / 2,
         "closed before the deadline: {took:?}"
     );
+}
+
+#[tokio::test]
+async fn a_client_that_asks_and_never_reads_its_answers_is_closed() {
+    let dir = mlxcel_tests::temp_dir("mxa");
+    let _d = Daemon::start(dir.path(), &default_model(), &["--kv-pool-bytes", "64MiB"]);
+    let socket = dir.path().join("daemon.sock");
+    let mut greedy = connect(&socket, Role::Admin, Limits::default())
+        .await
+        .unwrap();
+    const ASKED: u32 = 20_000;
+    let mut sent = 0;
+    while sent < ASKED
+        && greedy
+            .write_frame(&mlxcel_ipc::proto::daemon::FrontendToDaemon::Health)
+            .await
+            .is_ok()
+    {
+        sent += 1;
+    }
+    let mut answered = 0u32;
+    while let Ok(Some(_)) = greedy.read_frame::<DaemonToFrontend>().await {
+        answered += 1;
+    }
+    eprintln!("ipc_bounds: {sent} health questions sent, {answered} answered, then closed");
+    assert!(answered < ASKED, "the daemon queued every answer");
+    // The daemon still serves others.
+    let mut other = connect(&socket, Role::Admin, Limits::default())
+        .await
+        .unwrap();
+    assert_eq!(health(&mut other).await.running, 0);
 }

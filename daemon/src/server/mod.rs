@@ -46,6 +46,9 @@ pub struct Shared {
 /// closed at once, so a runaway local client cannot exhaust the daemon's descriptors or memory.
 pub const MAX_CONNECTIONS: usize = 64;
 
+/// The server's own answers (health, info, cancels, errors) queued for one connection.
+const ANSWER_BACKLOG: usize = 1024;
+
 /// Accepts connections until `shutdown`.
 pub async fn serve(listener: LocalListener, shared: Shared, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
@@ -102,7 +105,17 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
     } = queue;
     // The server's own answers (health, info, cancels, frame errors) go first, ahead of the
     // engine's queued events.
-    let (answers, mut answers_rx) = mpsc::unbounded_channel::<DaemonToFrontend>();
+    // Bounded like the events: a client that asks and never reads counts as stuck.
+    let (answers_tx, mut answers_rx) = mpsc::channel::<DaemonToFrontend>(ANSWER_BACKLOG);
+    let answer = |m: DaemonToFrontend| {
+        if let Err(mpsc::error::TrySendError::Full(_)) = answers_tx.try_send(m) {
+            tracing::warn!(
+                conn,
+                "a client stopped reading its answers: closing its connection"
+            );
+            stuck.cancel();
+        }
+    };
     let ends = Arc::new(Mutex::new(Ends::default()));
     let writer_ends = ends.clone();
     let writer_task = tokio::spawn(async move {
@@ -137,7 +150,7 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                 } else {
                     ErrorCode::BadFrame
                 };
-                let _ = answers.send(DaemonToFrontend::Error(WireError::new(code, e.to_string())));
+                answer(DaemonToFrontend::Error(WireError::new(code, e.to_string())));
                 if e.is_recoverable() {
                     continue;
                 }
@@ -165,18 +178,18 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                 }
             }
             FrontendToDaemon::Cancel { request_id } => {
-                if let Some(answer) = lock(&ends).cancel(request_id) {
-                    let _ = answers.send(answer);
+                if let Some(a) = lock(&ends).cancel(request_id) {
+                    answer(a);
                 }
                 let _ = shared.engine.send(Command::Cancel { conn, request_id });
             }
             FrontendToDaemon::Info => {
-                let _ = answers.send(DaemonToFrontend::Info(Box::new((*shared.info).clone())));
+                answer(DaemonToFrontend::Info(Box::new((*shared.info).clone())));
             }
             FrontendToDaemon::Health => {
                 let v = read_vitals(&shared.vitals);
                 let epoch = shared.cache.epoch();
-                let _ = answers.send(DaemonToFrontend::Health(DaemonHealth {
+                answer(DaemonToFrontend::Health(DaemonHealth {
                     cachemgr_connected: epoch.is_some(),
                     epoch,
                     running: v.running,
