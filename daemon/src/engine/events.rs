@@ -6,9 +6,6 @@
 //! it: the engine hears `ConnectionClosed`, cancels its requests and frees their blocks. Memory
 //! per connection is bounded by the backlog, not by `max_tokens` times the requests running.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use mlxcel_ipc::proto::daemon::DaemonToFrontend;
 use tokio::sync::mpsc::{self, Receiver, Sender, error::TrySendError};
 use tokio_util::sync::CancellationToken;
@@ -18,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 pub struct EventSink {
     tx: Sender<DaemonToFrontend>,
     stuck: CancellationToken,
-    reported: Arc<AtomicBool>,
     conn: u64,
 }
 
@@ -35,7 +31,6 @@ pub fn event_queue(conn: u64, backlog: usize) -> (EventSink, EventQueue) {
     let sink = EventSink {
         tx,
         stuck: stuck.clone(),
-        reported: Arc::new(AtomicBool::new(false)),
         conn,
     };
     (sink, EventQueue { rx, stuck })
@@ -49,7 +44,8 @@ impl EventSink {
         match self.tx.try_send(event) {
             Ok(()) | Err(TrySendError::Closed(_)) => {}
             Err(TrySendError::Full(_)) => {
-                if !self.reported.swap(true, Ordering::Relaxed) {
+                // Only the engine's thread sends: the first overflow is the one to log.
+                if !self.stuck.is_cancelled() {
                     tracing::warn!(
                         conn = self.conn,
                         backlog = self.tx.max_capacity(),
