@@ -46,11 +46,27 @@ pub trait BatchKv {
     fn reserve(&mut self) -> Result<()>;
 
     /// Stores each sequence's new row (`k`, `v`: `[batch, kv_heads, 1, head_dim]`) for `layer`
-    /// and returns every sequence's keys and values (see [`BatchKeys`]).
-    fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<BatchKeys>;
+    /// and returns every sequence's keys and values (see [`BatchKeys`]), each row's own part
+    /// as `layout` allows.
+    fn append_all(
+        &mut self,
+        layer: usize,
+        k: Array,
+        v: Array,
+        layout: OwnLayout,
+    ) -> Result<BatchKeys>;
 
     /// Marks the token as stored in every sequence, after every layer has appended it.
     fn commit(&mut self);
+}
+
+/// What the attention of a decode step can read each row's own keys as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnLayout {
+    /// Only one padded tensor for the batch (a fused kernel wants it).
+    Padded,
+    /// Either, whichever the store reads cheaper.
+    Either,
 }
 
 /// A decode step's keys and values: the positions every sequence shares (the same full blocks,
@@ -60,9 +76,18 @@ pub struct BatchKeys {
     pub shared: Vec<(Array, Array)>,
     /// Positions covered by `shared` (the same in every row, all valid).
     pub shared_len: usize,
-    /// Each row's positions after `shared_len`, padded to one length, heads first:
-    /// `[kv_heads, batch, keys, head_dim]`; row `i` is valid up to `lens()[i] + 1 - shared_len`.
-    pub tail: (Array, Array),
+    /// Each row's positions after `shared_len`.
+    pub own: OwnKeys,
+}
+
+/// Each row's own keys and values in a decode step (its positions after the shared ones).
+pub enum OwnKeys {
+    /// Gathered and padded to one length, heads first: `[kv_heads, batch, keys, head_dim]`;
+    /// row `i` is valid up to `lens()[i] + 1 - shared_len` (the caller masks the rest).
+    Padded(Array, Array),
+    /// Per row, spans read in place (`[1, kv_heads, n_j, head_dim]` each, views of the pool)
+    /// that cover exactly the row's own positions and the new one: nothing copied or masked.
+    Spans(Vec<Vec<(Array, Array)>>),
 }
 
 /// One contiguous tensor per layer, grown by concatenation.

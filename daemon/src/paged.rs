@@ -10,10 +10,11 @@
 //! lengths).
 
 use mlx_rs::Array;
+use mlx_rs::ops::indexing::IndexOp;
 
 use crate::Result;
-use crate::kv::{BatchKeys, BatchKv, KvStore};
-use crate::pool::{BlockId, BlockPool, Gather};
+use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout};
+use crate::pool::{BlockId, BlockPool, Gather, spans_cheaper};
 
 /// One sequence's blocks and length.
 #[derive(Debug, Default, Clone)]
@@ -82,10 +83,32 @@ pub struct PagedStore<'a> {
 pub struct PagedBatch<'a> {
     seqs: Vec<&'a mut PagedSeq>,
     pool: &'a mut BlockPool,
-    /// This step's gather plan of each row's own blocks, built by the first layer.
-    plan: Option<Gather>,
+    /// How this step reads each row's own blocks, decided by the first layer.
+    plan: Option<OwnPlan>,
     /// Leading blocks every row shares this step.
     shared: usize,
+    read: OwnRead,
+}
+
+/// How a batch reads each row's own blocks where the model can take either layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnRead {
+    /// Whichever costs less ([`spans_cheaper`]).
+    Cheaper,
+    /// Always gathered into one padded tensor.
+    Gather,
+    /// Always as in-place spans.
+    Spans,
+}
+
+impl OwnRead {
+    fn spans(self, pool: &BlockPool, own: &[&[BlockId]]) -> bool {
+        match self {
+            OwnRead::Cheaper => spans_cheaper(pool, own),
+            OwnRead::Gather => false,
+            OwnRead::Spans => true,
+        }
+    }
 }
 
 impl<'a> PagedBatch<'a> {
@@ -96,7 +119,14 @@ impl<'a> PagedBatch<'a> {
             pool,
             plan: None,
             shared: 0,
+            read: OwnRead::Cheaper,
         }
+    }
+
+    /// The same batch reading each row's own blocks as `read` says (tests compare the ways).
+    pub fn reading(mut self, read: OwnRead) -> Self {
+        self.read = read;
+        self
     }
 }
 
@@ -112,7 +142,13 @@ impl BatchKv for PagedBatch<'_> {
         Ok(())
     }
 
-    fn append_all(&mut self, layer: usize, k: Array, v: Array) -> Result<BatchKeys> {
+    fn append_all(
+        &mut self,
+        layer: usize,
+        k: Array,
+        v: Array,
+        layout: OwnLayout,
+    ) -> Result<BatchKeys> {
         let Some(first) = self.seqs.first() else {
             return Err(crate::EngineError::Internal(
                 "a decode step of no sequence".into(),
@@ -143,23 +179,44 @@ impl BatchKv for PagedBatch<'_> {
             let shared = (0..shortest)
                 .take_while(|&j| self.seqs.iter().all(|s| s.table[j] == first[j]))
                 .count();
-            let blocks = self
+            let own: Vec<&[BlockId]> = self
                 .seqs
                 .iter()
-                .map(|s| (s.len + 1).div_ceil(bt) - shared)
-                .max()
-                .unwrap_or(0);
-            let tables: Vec<&[BlockId]> = self.seqs.iter().map(|s| &s.table[shared..]).collect();
-            self.plan = Some(Gather::new(self.pool, &tables, blocks)?);
+                .map(|s| &s.table[shared..(s.len + 1).div_ceil(bt)])
+                .collect();
+            self.plan = Some(
+                if layout == OwnLayout::Either && self.read.spans(self.pool, &own) {
+                    OwnPlan::Spans
+                } else {
+                    let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
+                    OwnPlan::Gather(Gather::new(self.pool, &own, blocks)?)
+                },
+            );
             self.shared = shared;
         }
-        let Some(plan) = &self.plan else {
-            return Err(crate::EngineError::Internal("no gather plan".into()));
+        let own = match &self.plan {
+            Some(OwnPlan::Gather(plan)) => {
+                let (k, v) = self.pool.gather(layer, plan)?;
+                OwnKeys::Padded(k, v)
+            }
+            Some(OwnPlan::Spans) => {
+                let mut rows = Vec::with_capacity(self.seqs.len());
+                for s in &self.seqs {
+                    let (from, to) = (self.shared * bt, s.len + 1);
+                    let table = &s.table[self.shared..];
+                    rows.push(exact(
+                        self.pool.spans(layer, table, (to - from).div_ceil(bt))?,
+                        to - from,
+                    )?);
+                }
+                OwnKeys::Spans(rows)
+            }
+            None => return Err(crate::EngineError::Internal("no read plan".into())),
         };
         Ok(BatchKeys {
             shared: self.pool.spans(layer, &self.seqs[0].table, self.shared)?,
             shared_len: self.shared * bt,
-            tail: self.pool.gather(layer, plan)?,
+            own,
         })
     }
 
@@ -169,6 +226,27 @@ impl BatchKv for PagedBatch<'_> {
         }
         self.plan = None;
     }
+}
+
+/// How a decode step reads each row's own blocks.
+enum OwnPlan {
+    /// Gathered into one padded tensor.
+    Gather(Gather),
+    /// Read in place, span by span.
+    Spans,
+}
+
+/// `spans` cut to their first `tokens` positions (the last block is partly filled).
+fn exact(mut spans: Vec<(Array, Array)>, tokens: usize) -> Result<Vec<(Array, Array)>> {
+    let total: usize = spans.iter().map(|(k, _)| k.shape()[2] as usize).sum();
+    let extra = total.saturating_sub(tokens) as i32;
+    if extra > 0 {
+        if let Some((k, v)) = spans.pop() {
+            let keep = k.shape()[2] - extra;
+            spans.push((k.index((.., .., ..keep)), v.index((.., .., ..keep))));
+        }
+    }
+    Ok(spans)
 }
 
 fn reserve_in(seq: &mut PagedSeq, pool: &mut BlockPool, tokens: usize) -> Result<()> {

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use mlx_rs::{Array, Dtype, ops};
 
-pub use gather::Gather;
+pub use gather::{Gather, spans_cheaper};
 use slab::Slab;
 
 use crate::Result;
@@ -279,26 +279,39 @@ impl BlockPool {
     ) -> Result<Vec<(Array, Array)>> {
         let table = &table[..blocks.min(table.len())];
         let mut spans = Vec::new();
-        let mut start = 0;
-        for end in 1..=table.len() {
-            let breaks = end == table.len()
-                || table[end] != table[end - 1] + 1
-                || self.slab_of(table[end]) != self.slab_of(table[start]);
-            if !breaks {
-                continue;
-            }
-            let s = self.slab_of(table[start]);
-            let base = s as u32 * self.slab_blocks;
+        for (s, from, to) in self.runs(table) {
             let Some(slab) = self.slabs[s].as_ref() else {
                 return Err(crate::EngineError::Internal(
                     "a read from a slab that holds no block".into(),
                 ));
             };
-            let (from, to) = (table[start] - base, table[end - 1] - base + 1);
             spans.push(slab.span(layer, &self.shape, self.slab_len(s), from, to)?);
-            start = end;
         }
         Ok(spans)
+    }
+
+    /// How many spans [`BlockPool::spans`] returns for `table`: its runs of consecutive ids
+    /// within one slab.
+    pub fn span_count(&self, table: &[BlockId]) -> usize {
+        self.runs(table).len()
+    }
+
+    /// `table`'s runs of consecutive ids within one slab: (slab, first local block, end).
+    fn runs(&self, table: &[BlockId]) -> Vec<(usize, u32, u32)> {
+        let mut runs = Vec::new();
+        let mut start = 0;
+        for end in 1..=table.len() {
+            let breaks = end == table.len()
+                || table[end] != table[end - 1] + 1
+                || self.slab_of(table[end]) != self.slab_of(table[start]);
+            if breaks {
+                let s = self.slab_of(table[start]);
+                let base = s as u32 * self.slab_blocks;
+                runs.push((s, table[start] - base, table[end - 1] - base + 1));
+                start = end;
+            }
+        }
+        runs
     }
 
     fn slab_of(&self, block: BlockId) -> usize {

@@ -147,19 +147,79 @@ fn a_double_free_is_counted_in_release_builds() {
 
 #[test]
 fn batched_decode_of_three_sequences_at_different_positions_gives_each_its_golden_tokens() {
+    use mlxcel_daemon::paged::OwnRead;
+
+    // Each way of reading a row's own blocks: whichever is cheaper, gathered, in place.
+    for read in [OwnRead::Cheaper, OwnRead::Gather, OwnRead::Spans] {
+        batched_goldens(read);
+    }
+}
+
+#[test]
+fn a_batch_whose_rows_share_prompt_blocks_reads_them_once_and_keeps_the_golden_tokens() {
+    use mlxcel_daemon::paged::{OwnRead, PagedBatch};
+
+    let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .expect("make setup");
+    let bt = 8;
+    let chat = &fixtures()["chats"][0];
+    let (prompt, want) = (ids(&chat["prompt_ids"]), ids(&chat["greedy_ids"]));
+    for read in [OwnRead::Cheaper, OwnRead::Gather, OwnRead::Spans] {
+        let mut pool = BlockPool::new(shape(m.model.config.layers, 64, bt)).unwrap();
+        // Row 0 computes the prompt; rows 1 and 2 map its full blocks and compute the rest.
+        let mut seqs = vec![PagedSeq::default()];
+        let first = m
+            .model
+            .forward(&prompt, &mut seqs[0].store(&mut pool))
+            .unwrap();
+        let shared_blocks = (prompt.len() - 1) / bt;
+        let mut next = vec![argmax(first.as_slice::<f32>())];
+        for _ in 0..2 {
+            let shared: Vec<u32> = seqs[0].table[..shared_blocks].to_vec();
+            shared.iter().for_each(|&b| pool.retain(b));
+            let mut seq = PagedSeq::with_prefix(shared, bt);
+            let rest = &prompt[shared_blocks * bt..];
+            let logits = m.model.forward(rest, &mut seq.store(&mut pool)).unwrap();
+            next.push(argmax(logits.as_slice::<f32>()));
+            seqs.push(seq);
+        }
+        let mut got: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+        for _ in 1..24 {
+            let logits = {
+                let batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
+                m.model
+                    .forward_batch(&next, &mut batch.reading(read))
+                    .unwrap()
+            };
+            let all = logits.as_slice::<f32>();
+            for (i, row) in all.chunks(m.model.config.vocab).enumerate() {
+                next[i] = argmax(row);
+                got[i].push(next[i]);
+            }
+        }
+        for tokens in &got {
+            assert_eq!(tokens[..], want[..24], "own blocks read as {read:?}");
+        }
+        seqs.iter_mut().for_each(|s| s.free(&mut pool));
+        assert_eq!(pool.free_blocks(), 64);
+    }
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    row.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
+        .unwrap_or(0)
+}
+
+fn batched_goldens(read: mlxcel_daemon::paged::OwnRead) {
     use mlxcel_daemon::paged::PagedBatch;
 
     let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
         .expect("make setup");
     let mut pool = BlockPool::new(shape(m.model.config.layers, 64, 16)).unwrap();
     let chats = fixtures()["chats"].as_array().unwrap().clone();
-    let argmax = |row: &[f32]| {
-        row.iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i as u32)
-            .unwrap()
-    };
     let mut seqs: Vec<PagedSeq> = Vec::new();
     let mut next: Vec<u32> = Vec::new();
     for chat in &chats {
@@ -174,7 +234,7 @@ fn batched_decode_of_three_sequences_at_different_positions_gives_each_its_golde
     let mut got: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
     for _ in 1..32 {
         let logits = {
-            let mut batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
+            let mut batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool).reading(read);
             m.model.forward_batch(&next, &mut batch).unwrap()
         };
         let vocab = m.model.config.vocab;
@@ -188,7 +248,7 @@ fn batched_decode_of_three_sequences_at_different_positions_gives_each_its_golde
         assert_eq!(
             tokens,
             &ids(&chat["greedy_ids"]),
-            "prompt {:?}",
+            "prompt {:?}, own blocks read as {read:?}",
             chat["messages"]
         );
     }

@@ -8,7 +8,7 @@ use mlx_rs::{Array, Dtype, ops};
 
 use super::fast_exp::{LOG2_E, softmax2_last};
 use crate::Result;
-use crate::kv::BatchKeys;
+use crate::kv::{BatchKeys, OwnKeys};
 
 /// Attention as two matmuls and a softmax, grouping query heads over shared K/V heads without
 /// copying K/V. On MLX's CPU backend this is far faster than the fused kernel.
@@ -96,9 +96,11 @@ pub(super) fn causal_mask(t: i32, offset: i32, keys: i32, dtype: Dtype) -> Resul
 }
 
 /// Decode-step attention over [`BatchKeys`]: spans every row shares (read once for the whole
-/// batch, in place) and each row's own tail, heads first (`[kv_heads, b, keys, head_dim]`, as
-/// the pool gathers it). Queries `[b, heads, 1, head_dim]`; `mask` `[b, 1, 1, tail keys]`.
-/// Scores of both parts are joined for one softmax. Returns `[b, 1, heads * head_dim]`.
+/// batch, in place) and each row's own keys, either gathered and padded (`[kv_heads, b, keys,
+/// head_dim]`, masked by `mask`, `[b, 1, 1, own keys]`) or as each row's own spans, read in
+/// place. Queries `[b, heads, 1, head_dim]`. One softmax for the whole batch over the scores of
+/// both parts (a row's own scores padded with -inf to the longest row's). Returns `[b, 1,
+/// heads * head_dim]`.
 pub(super) fn batch_attention(
     q: &Array,
     keys: &BatchKeys,
@@ -109,48 +111,49 @@ pub(super) fn batch_attention(
     let qs = q.shape();
     let (b, heads, hd) = (qs[0], qs[1], qs[3]);
     let kv_heads = heads / group;
-    let (tk, tv) = &keys.tail;
-    let lt = tk.shape()[2];
-    // [b, heads, 1, hd] -> [kvh, b, g, hd]
+    let rows = b * group;
+    // [b, heads, 1, hd] -> [kvh, b * g, hd], contiguous: row i's queries are i*g..(i+1)*g.
     let q = ops::multiply(q, Array::from_f32(scale * LOG2_E))?
         .reshape(&[b, kv_heads, group, hd])?
-        .swap_axes(0, 1)?;
-    let mut tail = ops::matmul(&q, &tk.swap_axes(2, 3)?)?; // [kvh, b, g, lt]
-    if let Some(m) = mask {
-        tail = ops::add(&tail, &m.reshape(&[1, b, 1, lt])?)?;
-    }
-    let rows = b * group;
+        .swap_axes(0, 1)?
+        .reshape(&[kv_heads, rows, hd])?;
     let mut parts = Vec::with_capacity(keys.shared.len() + 1);
-    let q_all = q.reshape(&[kv_heads, rows, hd])?;
     for (k, _) in &keys.shared {
         // [kvh, b*g, hd] x [kvh, hd, n] -> [kvh, b*g, n]
-        parts.push(ops::matmul(&q_all, &k.index(0).swap_axes(1, 2)?)?);
+        parts.push(ops::matmul(&q, &k.squeeze_axes(&[0])?.swap_axes(1, 2)?)?);
     }
-    parts.push(tail.reshape(&[kv_heads, rows, lt])?);
+    let (own_scores, lt) = own_scores(&q, &keys.own, mask, b, group)?;
+    parts.push(own_scores);
     let scores = if parts.len() == 1 {
         parts.remove(0)
     } else {
         ops::concatenate(&parts, 2)?
     };
     let p = softmax2_last(&scores)?;
-    let mut out: Option<Array> = None;
-    let mut at = 0;
-    for (_, v) in &keys.shared {
-        let n = v.shape()[2];
-        let part = ops::matmul(p.index((.., .., at..at + n)), v.index(0))?;
-        at += n;
-        out = Some(match out {
-            Some(o) => ops::add(&o, &part)?,
-            None => part,
-        });
-    }
+    let at = keys.shared_len as i32;
+    let out = if keys.shared.is_empty() {
+        None
+    } else {
+        Some(spans_product(&p, &keys.shared)?)
+    };
     let pt = if at == 0 {
         p
     } else {
         p.index((.., .., at..at + lt))
     };
-    let own = ops::matmul(pt.reshape(&[kv_heads, b, group, lt])?, tv)?; // [kvh, b, g, hd]
-    let own = own.reshape(&[kv_heads, rows, hd])?;
+    let own = match &keys.own {
+        OwnKeys::Padded(_, tv) => ops::matmul(pt.reshape(&[kv_heads, b, group, lt])?, tv)?
+            .reshape(&[kv_heads, rows, hd])?,
+        OwnKeys::Spans(per_row) => {
+            let mut outs = Vec::with_capacity(per_row.len());
+            for (i, spans) in per_row.iter().enumerate() {
+                let i = i as i32;
+                let pi = pt.index((.., i * group..(i + 1) * group));
+                outs.push(spans_product(&pi, spans)?);
+            }
+            ops::concatenate(&outs, 1)?
+        }
+    };
     let out = match out {
         Some(o) => ops::add(&o, &own)?,
         None => own,
@@ -159,4 +162,69 @@ pub(super) fn batch_attention(
         .reshape(&[kv_heads, b, group, hd])?
         .swap_axes(0, 1)?
         .reshape(&[b, 1, heads * hd])?)
+}
+
+/// Scores of each row's own keys, `[kv_heads, b * group, keys]`, and that number of keys.
+fn own_scores(
+    q: &Array,
+    own: &OwnKeys,
+    mask: Option<&Array>,
+    b: i32,
+    group: i32,
+) -> Result<(Array, i32)> {
+    let (kv_heads, hd) = (q.shape()[0], q.shape()[2]);
+    match own {
+        OwnKeys::Padded(tk, _) => {
+            let lt = tk.shape()[2];
+            let q = q.reshape(&[kv_heads, b, group, hd])?;
+            let mut s = ops::matmul(&q, &tk.swap_axes(2, 3)?)?; // [kvh, b, g, lt]
+            if let Some(m) = mask {
+                s = ops::add(&s, &m.reshape(&[1, b, 1, lt])?)?;
+            }
+            Ok((s.reshape(&[kv_heads, b * group, lt])?, lt))
+        }
+        OwnKeys::Spans(per_row) => {
+            let len = |spans: &Vec<(Array, Array)>| -> i32 {
+                spans.iter().map(|(k, _)| k.shape()[2]).sum()
+            };
+            let lt = per_row.iter().map(len).max().unwrap_or(0);
+            let mut rows = Vec::with_capacity(per_row.len());
+            for (i, spans) in per_row.iter().enumerate() {
+                let i = i as i32;
+                let qi = q.index((.., i * group..(i + 1) * group)); // [kvh, g, hd]
+                let mut s = Vec::with_capacity(spans.len() + 1);
+                for (k, _) in spans {
+                    s.push(ops::matmul(&qi, &k.squeeze_axes(&[0])?.swap_axes(1, 2)?)?);
+                }
+                let pad = lt - len(spans);
+                if pad > 0 {
+                    let inf = Array::from_f32(f32::NEG_INFINITY).as_dtype(q.dtype())?;
+                    s.push(ops::broadcast_to(&inf, &[kv_heads, group, pad])?);
+                }
+                rows.push(if s.len() == 1 {
+                    s.remove(0)
+                } else {
+                    ops::concatenate(&s, 2)?
+                });
+            }
+            Ok((ops::concatenate(&rows, 1)?, lt))
+        }
+    }
+}
+
+/// `p` (`[kv_heads, g, keys]`, the first keys being those of `spans` in order) times the
+/// values of `spans`: `[kv_heads, g, head_dim]`.
+fn spans_product(p: &Array, spans: &[(Array, Array)]) -> Result<Array> {
+    let mut out: Option<Array> = None;
+    let mut at = 0;
+    for (_, v) in spans {
+        let n = v.shape()[2];
+        let part = ops::matmul(p.index((.., .., at..at + n)), v.squeeze_axes(&[0])?)?;
+        at += n;
+        out = Some(match out {
+            Some(o) => ops::add(&o, &part)?,
+            None => part,
+        });
+    }
+    out.ok_or_else(no_keys)
 }

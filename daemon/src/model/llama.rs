@@ -10,7 +10,7 @@ use super::rotary::{Angles, Rotary};
 use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
-use crate::kv::{BatchKeys, BatchKv, KvStore};
+use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout};
 
 /// Tensor names in a file format.
 pub trait TensorNames {
@@ -257,8 +257,8 @@ impl Model {
             .reshape(&[1, t, heads * hd])?)
     }
 
-    /// Attention of a decode step over [`BatchKeys`]; `mask` is `[b, 1, 1, tail keys]`.
-    /// Returns `[b, 1, heads * head_dim]`.
+    /// Attention of a decode step over [`BatchKeys`]; `mask` is `[b, 1, 1, own keys]` when
+    /// the own keys are padded. Returns `[b, 1, heads * head_dim]`.
     fn attend_batch(&self, q: &Array, keys: &BatchKeys, mask: Option<&Array>) -> Result<Array> {
         let c = &self.config;
         let b = q.shape()[0];
@@ -267,8 +267,13 @@ impl Model {
         if !self.placement.gpu {
             return batch_attention(q, keys, scale, mask, heads / kv_heads);
         }
+        let OwnKeys::Padded(tk, tv) = &keys.own else {
+            return Err(crate::EngineError::Internal(
+                "the fused attention needs padded keys".into(),
+            ));
+        };
         // The fused kernel wants one padded K/V per row: the shared spans repeated per row.
-        let (tk, tv) = (keys.tail.0.swap_axes(0, 1)?, keys.tail.1.swap_axes(0, 1)?);
+        let (tk, tv) = (tk.swap_axes(0, 1)?, tv.swap_axes(0, 1)?);
         let (mut ks, mut vs) = (Vec::new(), Vec::new());
         for (k, v) in &keys.shared {
             let n = k.shape()[2];
@@ -322,15 +327,20 @@ impl Model {
             .take_axis(&ids, 0)?
             .reshape(&[b, 1, c.hidden as i32])?;
         let mut mask: Option<Array> = None;
+        // The fused kernel reads one padded tensor; the CPU's attention reads either.
+        let layout = if self.placement.gpu {
+            OwnLayout::Padded
+        } else {
+            OwnLayout::Either
+        };
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let (q, k, v) = self.project(layer, &h)?;
             let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
-            let keys = kv.append_all(i, k, v)?;
-            if mask.is_none() {
+            let keys = kv.append_all(i, k, v, layout)?;
+            if let (None, OwnKeys::Padded(tk, _)) = (&mask, &keys.own) {
                 let own: Vec<i32> = lens.iter().map(|&l| l - keys.shared_len as i32).collect();
-                let lt = keys.tail.0.shape()[2];
-                mask = Some(padding_mask(&own, lt, self.placement.dtype)?);
+                mask = Some(padding_mask(&own, tk.shape()[2], self.placement.dtype)?);
             }
             let out = self.attend_batch(&q, &keys, mask.as_ref())?;
             x = ops::add(&x, &layer.o.forward(&out)?)?;

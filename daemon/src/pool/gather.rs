@@ -17,6 +17,31 @@ use crate::{EngineError, Result};
 const NODE_SECONDS: f64 = 8e-6;
 const COPY_BYTES_PER_SECOND: f64 = 10e9;
 
+/// Whether reading each row's own blocks (`tables`, exactly the blocks each row reads) as
+/// in-place spans, one attention per row, costs less than gathering them into one padded
+/// tensor: graph nodes per span and per row against the bytes a gather copies (once within a
+/// slab; a take per slab, a join and a reorder across slabs).
+pub fn spans_cheaper(pool: &BlockPool, tables: &[&[BlockId]]) -> bool {
+    let spans: usize = tables.iter().map(|t| pool.span_count(t)).sum();
+    let nodes = 4 * tables.len() + 2 * spans;
+    let blocks = tables.iter().map(|t| t.len()).max().unwrap_or(0);
+    let mut slabs: Vec<usize> = tables
+        .iter()
+        .flat_map(|t| t.iter())
+        .map(|&b| pool.slab_of(b))
+        .collect();
+    slabs.sort_unstable();
+    slabs.dedup();
+    let copies = if slabs.len() > 1 { 3.0 } else { 1.0 };
+    let bytes = (tables.len()
+        * blocks
+        * 2
+        * pool.shape.kv_heads
+        * pool.shape.head_chunk_elems()
+        * dtype_bytes(pool.shape.dtype)) as f64;
+    nodes as f64 * NODE_SECONDS < copies * bytes / COPY_BYTES_PER_SECOND
+}
+
 /// The chunks to read for one forward pass.
 pub struct Gather {
     rows: usize,
@@ -140,6 +165,9 @@ impl BlockPool {
         let (rows, blocks) = (plan.rows as i32, plan.blocks as i32);
         let (kvh, bt, hd) = (s.kv_heads as i32, s.block_tokens as i32, s.head_dim as i32);
         let x = x.reshape(&[2, kvh, rows, blocks * bt, hd])?;
-        Ok((x.index(0), x.index(1)))
+        Ok((
+            x.index(0..1).squeeze_axes(&[0])?,
+            x.index(1..2).squeeze_axes(&[0])?,
+        ))
     }
 }
