@@ -5,6 +5,7 @@
 //! per layer; the paged pool (blocks shared through the cache manager) implements the same trait
 //! by writing rows into block slots and gathering by block table.
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, ops};
 
 use crate::Result;
@@ -88,6 +89,25 @@ pub enum OwnKeys {
     /// Per row, spans read in place (`[1, kv_heads, n_j, head_dim]` each, views of the pool)
     /// that cover exactly the row's own positions and the new one: nothing copied or masked.
     Spans(Vec<Vec<(Array, Array)>>),
+}
+
+/// The first `n` positions of `spans` (`[1, kv_heads, n_i, head_dim]` each), as views.
+pub fn first_positions(spans: &[(Array, Array)], n: usize) -> Vec<(Array, Array)> {
+    let mut out = Vec::with_capacity(spans.len());
+    let mut left = n as i32;
+    for (k, v) in spans {
+        if left <= 0 {
+            break;
+        }
+        let len = k.shape()[2];
+        if len <= left {
+            out.push((k.clone(), v.clone()));
+        } else {
+            out.push((k.index((.., .., ..left)), v.index((.., .., ..left))));
+        }
+        left -= len;
+    }
+    out
 }
 
 /// One contiguous tensor per layer, grown by concatenation.

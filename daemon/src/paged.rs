@@ -10,10 +10,9 @@
 //! lengths).
 
 use mlx_rs::Array;
-use mlx_rs::ops::indexing::IndexOp;
 
 use crate::Result;
-use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout};
+use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout, first_positions};
 use crate::pool::{BlockId, BlockPool, Gather, spans_cheaper};
 
 /// One sequence's blocks and length.
@@ -204,10 +203,8 @@ impl BatchKv for PagedBatch<'_> {
                 for s in &self.seqs {
                     let (from, to) = (self.shared * bt, s.len + 1);
                     let table = &s.table[self.shared..];
-                    rows.push(exact(
-                        self.pool.spans(layer, table, (to - from).div_ceil(bt))?,
-                        to - from,
-                    )?);
+                    let spans = self.pool.spans(layer, table, (to - from).div_ceil(bt))?;
+                    rows.push(first_positions(&spans, to - from));
                 }
                 OwnKeys::Spans(rows)
             }
@@ -234,19 +231,6 @@ enum OwnPlan {
     Gather(Gather),
     /// Read in place, span by span.
     Spans,
-}
-
-/// `spans` cut to their first `tokens` positions (the last block is partly filled).
-fn exact(mut spans: Vec<(Array, Array)>, tokens: usize) -> Result<Vec<(Array, Array)>> {
-    let total: usize = spans.iter().map(|(k, _)| k.shape()[2] as usize).sum();
-    let extra = total.saturating_sub(tokens) as i32;
-    if extra > 0 {
-        if let Some((k, v)) = spans.pop() {
-            let keep = k.shape()[2] - extra;
-            spans.push((k.index((.., .., ..keep)), v.index((.., .., ..keep))));
-        }
-    }
-    Ok(spans)
 }
 
 fn reserve_in(seq: &mut PagedSeq, pool: &mut BlockPool, tokens: usize) -> Result<()> {

@@ -8,7 +8,7 @@ use mlx_rs::{Array, Dtype, ops};
 
 use super::fast_exp::{LOG2_E, softmax2_last};
 use crate::Result;
-use crate::kv::{BatchKeys, OwnKeys};
+use crate::kv::{BatchKeys, OwnKeys, first_positions};
 
 /// Attention as two matmuls and a softmax, grouping query heads over shared K/V heads without
 /// copying K/V. On MLX's CPU backend this is far faster than the fused kernel.
@@ -64,6 +64,34 @@ pub(super) fn explicit_attention(
         });
     }
     Ok(out.ok_or_else(no_keys)?.reshape(&[1, heads, t, hd])?)
+}
+
+/// [`explicit_attention`] of a prefill chunk (queries at positions `offset..offset + t`) in
+/// pieces of `piece` query rows: piece `[c0, c1)` reads only the first `offset + c1` keys, which
+/// is all its causal mask (`[t, keys]`) lets it see. The same result, with the work above the
+/// diagonal left out.
+pub(super) fn causal_attention(
+    q: &Array,
+    spans: &[(Array, Array)],
+    scale: f32,
+    mask: &Array,
+    group: i32,
+    offset: i32,
+    piece: i32,
+) -> Result<Array> {
+    let t = q.shape()[2];
+    let mut outs = Vec::new();
+    let mut c0 = 0;
+    while c0 < t {
+        let c1 = (c0 + piece).min(t);
+        let keys = offset + c1;
+        let part = first_positions(spans, keys as usize);
+        let m = mask.index((c0..c1, ..keys));
+        let qp = q.index((.., .., c0..c1));
+        outs.push(explicit_attention(&qp, &part, scale, Some(&m), group)?);
+        c0 = c1;
+    }
+    Ok(ops::concatenate(&outs, 2)?)
 }
 
 fn no_keys() -> crate::EngineError {
@@ -227,4 +255,35 @@ fn spans_product(p: &Array, spans: &[(Array, Array)]) -> Result<Array> {
         });
     }
     out.ok_or_else(no_keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causal_pieces_match_one_attention_over_every_key() {
+        // A chunk of 40 queries after 13 stored positions, keys in two spans, GQA 3:1.
+        let (kvh, group, hd, offset, t) = (2, 3, 8, 13, 40);
+        let rand =
+            |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, None).expect("random");
+        let q = rand(&[1, kvh * group, t, hd]);
+        let spans: Vec<(Array, Array)> = [24, 32]
+            .iter()
+            .map(|&n| (rand(&[1, kvh, n, hd]), rand(&[1, kvh, n, hd])))
+            .collect();
+        let mask = causal_mask(t, offset, 56, Dtype::Float32).expect("mask");
+        let whole = explicit_attention(&q, &spans, 0.35, Some(&mask), group).expect("whole");
+        for piece in [7, 16, 40] {
+            let pieces =
+                causal_attention(&q, &spans, 0.35, &mask, group, offset, piece).expect("pieces");
+            assert_eq!(pieces.shape(), whole.shape());
+            let diff = ops::abs(ops::subtract(&pieces, &whole).expect("sub"))
+                .expect("abs")
+                .max(None)
+                .expect("max")
+                .item_exact::<f32>();
+            assert!(diff < 1e-5, "piece {piece}: max difference {diff}");
+        }
+    }
 }
