@@ -24,6 +24,7 @@
 
 pub mod cache_client;
 pub mod device;
+pub mod device_memory;
 pub mod engine;
 pub mod export;
 pub mod generate;

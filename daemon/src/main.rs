@@ -44,8 +44,9 @@ struct Args {
 
     /// The most memory the paged KV pool may take, e.g. 1GiB (a ceiling: blocks take memory
     /// as they are used and give it back when freed). `auto` = the cache capacity plus
-    /// --max-batch-size full contexts, at most half of physical memory; the startup log shows
-    /// the figures. A ceiling above physical memory is refused.
+    /// --max-batch-size full contexts, at most half of the memory the pool lives in (physical
+    /// memory on the CPU, Metal's recommended working set on a Mac, the free device memory on a
+    /// CUDA GPU); the startup log shows the figures. A ceiling above that memory is refused.
     #[arg(long, env = "MLXCEL_KV_POOL_BYTES", default_value = "auto")]
     kv_pool_bytes: String,
 

@@ -2,15 +2,17 @@
 //! blocks are used (see [`crate::pool`]), so this bounds, it does not allocate.
 //!
 //! `auto` is enough for the cache cap plus `max_batch_size` full contexts, and never more than
-//! [`PHYSICAL_FRACTION`] of physical memory. An explicit ceiling above physical memory is refused.
+//! [`MEMORY_FRACTION`] of the memory the pool lives in ([`PoolMemory`]: physical memory on the
+//! CPU, Metal's recommended working set, a CUDA device's free memory). An explicit ceiling above
+//! that memory's total is refused.
 
 use mlxcel_ipc::size::format_size;
 
-use crate::host_memory::HostMemory;
+use crate::device_memory::PoolMemory;
 use crate::{EngineError, Result};
 
-/// The share of physical memory an `auto` ceiling may take.
-pub const PHYSICAL_FRACTION: f64 = 0.5;
+/// The share of the pool's memory ([`PoolMemory::usable`]) an `auto` ceiling may take.
+pub const MEMORY_FRACTION: f64 = 0.5;
 
 /// What the pool must be able to hold.
 #[derive(Debug, Clone, Copy)]
@@ -31,13 +33,12 @@ pub struct Ceiling {
     pub why: String,
 }
 
-/// Chooses the ceiling: `explicit` (`--kv-pool-bytes`) or `auto` from `need` and `host`.
-pub fn choose(explicit: Option<u64>, need: Need, host: HostMemory) -> Result<Ceiling> {
-    let physical = host.physical;
+/// Chooses the ceiling: `explicit` (`--kv-pool-bytes`) or `auto` from `need` and `memory`.
+pub fn choose(explicit: Option<u64>, need: Need, memory: PoolMemory) -> Result<Ceiling> {
     if let Some(bytes) = explicit {
-        if let Some(p) = physical.filter(|&p| bytes > p) {
+        if let Some(p) = memory.total.filter(|&p| bytes > p) {
             return Err(EngineError::Request(format!(
-                "--kv-pool-bytes {} is more than this machine's {} of memory",
+                "--kv-pool-bytes {} is more than this device's {} of memory",
                 format_size(bytes),
                 format_size(p)
             )));
@@ -49,20 +50,23 @@ pub fn choose(explicit: Option<u64>, need: Need, host: HostMemory) -> Result<Cei
     }
     let running = need.max_running as u64 * need.context_tokens as u64 * need.token_bytes;
     let want = need.cache_capacity.saturating_add(running);
-    let limit = physical.map_or(8 << 30, |p| (p as f64 * PHYSICAL_FRACTION) as u64);
+    let limit = memory
+        .usable
+        .map_or(8 << 30, |p| (p as f64 * MEMORY_FRACTION) as u64);
     let bytes = want.min(limit);
-    let physical_text = physical.map_or("unknown".to_string(), format_size);
+    let usable_text = memory.usable.map_or("unknown".to_string(), format_size);
     Ok(Ceiling {
         bytes,
         why: format!(
-            "auto: cache cap {} + {} running x {} tokens x {} = {}, at most {:.0}% of {} physical = {}",
+            "auto: cache cap {} + {} running x {} tokens x {} = {}, at most {:.0}% of {} {} = {}",
             format_size(need.cache_capacity),
             need.max_running,
             need.context_tokens,
             format_size(need.token_bytes),
             format_size(want),
-            PHYSICAL_FRACTION * 100.0,
-            physical_text,
+            MEMORY_FRACTION * 100.0,
+            usable_text,
+            memory.basis,
             format_size(limit)
         ),
     })
@@ -83,11 +87,24 @@ mod tests {
         }
     }
 
-    fn host(physical: u64) -> HostMemory {
-        HostMemory {
+    fn host(physical: u64) -> PoolMemory {
+        PoolMemory::host(crate::host_memory::HostMemory {
             physical: Some(physical),
             available: Some(physical / 2),
-        }
+        })
+    }
+
+    #[test]
+    fn a_gpu_sizes_from_what_it_has_free_and_refuses_above_its_total() {
+        let free_on_device = PoolMemory {
+            total: Some(140 * GIB),
+            usable: Some(3 * GIB),
+            basis: "free CUDA device memory",
+        };
+        let c = choose(None, need(), free_on_device).unwrap();
+        assert_eq!(c.bytes, 3 * GIB / 2);
+        assert!(c.why.contains("free CUDA device memory"), "{}", c.why);
+        assert!(choose(Some(150 * GIB), need(), free_on_device).is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use mlxcel_ipc::proto::daemon::{ModelInfo, PoolStats};
 use super::ceiling;
 use super::scheduler::{Limits, Scheduler};
 use super::{CacheLink, Engine, EngineConfig, Started, Vitals};
-use crate::host_memory::HostMemory;
+use crate::device_memory::PoolMemory;
 use crate::pool::{BlockPool, PoolShape};
 use crate::{EngineError, Result};
 use mlxcel_ipc::size::format_size;
@@ -38,7 +38,11 @@ impl Engine {
             context_tokens: loaded.text.context_length,
             token_bytes: block_bytes / config.block_tokens.max(1) as u64,
         };
-        let ceiling = ceiling::choose(config.kv_pool_bytes, need, HostMemory::read())?;
+        let ceiling = ceiling::choose(
+            config.kv_pool_bytes,
+            need,
+            PoolMemory::of(&loaded.model.placement),
+        )?;
         shape.num_blocks = (ceiling.bytes / block_bytes.max(1)).min(u64::from(u32::MAX)) as u32;
         if shape.num_blocks == 0 {
             return Err(EngineError::Request(format!(
