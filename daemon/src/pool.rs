@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use mlx_rs::{Array, Dtype, ops};
 
-pub use gather::{Gather, spans_cheaper};
+pub use gather::{CopyCosts, Gather, spans_cheaper};
 use slab::Slab;
 
 use crate::Result;
@@ -70,6 +70,10 @@ pub fn dtype_bytes(dtype: Dtype) -> usize {
 /// almost empty slab holds little (the footprint rules allow 64 MiB of slack).
 pub const SLAB_BYTES: usize = 16 << 20;
 
+/// The slab size on a GPU: a gather takes one copy per slab it reads, and each copy is a kernel
+/// launch there, so fewer, larger slabs (still within the footprint rules' 64 MiB of slack).
+pub const GPU_SLAB_BYTES: usize = 64 << 20;
+
 /// Counters of allocator misuse (should stay 0).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolBugs {
@@ -85,13 +89,20 @@ pub struct BlockPool {
     refcount: Vec<u32>,
     free: BTreeSet<BlockId>,
     bugs: PoolBugs,
+    /// How reads are planned ([`CopyCosts::CPU`] unless set).
+    costs: CopyCosts,
 }
 
 impl BlockPool {
     /// A pool of at most `shape.num_blocks` blocks in slabs of about [`SLAB_BYTES`]; it holds
     /// no memory until blocks are allocated.
     pub fn new(shape: PoolShape) -> Result<BlockPool> {
-        let per_slab = (SLAB_BYTES / shape.block_bytes().max(1)).max(1) as u32;
+        Self::with_slab_bytes(shape, SLAB_BYTES)
+    }
+
+    /// A pool in slabs of about `slab_bytes`.
+    pub fn with_slab_bytes(shape: PoolShape, slab_bytes: usize) -> Result<BlockPool> {
+        let per_slab = (slab_bytes / shape.block_bytes().max(1)).max(1) as u32;
         Self::with_slab_blocks(shape, per_slab)
     }
 
@@ -106,7 +117,14 @@ impl BlockPool {
             refcount: vec![0; shape.num_blocks as usize],
             free: (0..shape.num_blocks).collect(),
             bugs: PoolBugs::default(),
+            costs: CopyCosts::CPU,
         })
+    }
+
+    /// The same pool planning its reads with `costs` (the device's).
+    pub fn with_costs(mut self, costs: CopyCosts) -> BlockPool {
+        self.costs = costs;
+        self
     }
 
     /// The pool's sizes.
