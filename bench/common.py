@@ -15,8 +15,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RELEASE = os.path.join(ROOT, "target", "release")
-PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
+# The mlxcel binaries: the release build, or MLXCEL_BENCH_BIN (a GPU build carried elsewhere).
+RELEASE = os.environ.get("MLXCEL_BENCH_BIN") or os.path.join(ROOT, "target", "release")
+# The Python that runs mlx_lm.server: the project's venv, or MLXCEL_BENCH_PYTHON (the GPU
+# machine's own, with the CUDA wheel on its PYTHONPATH).
+PYTHON = os.environ.get("MLXCEL_BENCH_PYTHON") or os.path.join(ROOT, ".venv", "bin", "python")
 GGUF = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 MLX_DIR = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct-mlx")
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
@@ -48,13 +51,10 @@ def request(port, method, path, body=None, timeout=1800):
 def stream_chat(port, body, timeout=1800):
     """A streaming chat request: (ttft_s, total_s, completion_tokens or chunk count, usage)."""
     body = dict(body, stream=True, stream_options={"include_usage": True})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     start = time.monotonic()
     ttft, chunks, usage = None, 0, None
+    conn, r = answer(port, body, timeout)
     try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
-                     headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
         for line in r:
@@ -78,6 +78,29 @@ def stream_chat(port, body, timeout=1800):
         conn.close()
     tokens = (usage or {}).get("completion_tokens", chunks)
     return ttft, time.monotonic() - start, tokens, usage
+
+
+# Requests sent again because the server reset or refused the connection before answering
+# (mlx_lm.server's listen backlog is 5: 32 clients connecting at once can see that).
+RESENT = {"count": 0}
+
+
+def answer(port, body, timeout, attempts=20):
+    """Sends the chat request until the server answers (a reset or refused connection before any
+    answer is sent again, counted in RESENT); returns the connection and its response."""
+    for attempt in range(attempts):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        try:
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                         headers={"Content-Type": "application/json"})
+            return conn, conn.getresponse()
+        except (ConnectionResetError, ConnectionRefusedError, BrokenPipeError,
+                http.client.RemoteDisconnected):
+            conn.close()
+            if attempt + 1 == attempts:
+                raise
+            RESENT["count"] += 1
+            time.sleep(0.05 * (attempt + 1))
 
 
 def rss_bytes(pid):
@@ -149,7 +172,7 @@ class Mlxcel(Server):
 
     kind = "mlxcel"
 
-    def __init__(self, name, env):
+    def __init__(self, name, env, serve_args=()):
         self.name, self.port = name, free_port()
         self.dir = tempfile.mkdtemp(prefix="mxb", dir="/tmp")
         self.env = {**os.environ, "MLXCEL_PORT": str(self.port), "MLXCEL_LOG": "warn",
@@ -157,9 +180,9 @@ class Mlxcel(Server):
         self.env.pop("MLXCEL_CONFIG", None)
         self.log = open(os.path.join(self.dir, "serve.log"), "w")
         self.proc = subprocess.Popen(
-            [os.path.join(RELEASE, "mlxcelctl"), "serve", "--socket-dir", self.dir],
+            [os.path.join(RELEASE, "mlxcelctl"), "serve", "--socket-dir", self.dir, *serve_args],
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for("mlxcel answered /health", lambda: request(self.port, "GET", "/health", timeout=5)[0] == 200, 300)
+        wait_for("mlxcel answered /health", lambda: request(self.port, "GET", "/health", timeout=5)[0] == 200, 900)
         status = self.ctl("status", "--json")
         self.pids = {p["name"]: p["pid"] for p in status["processes"]}
 
@@ -193,23 +216,24 @@ class Mlxcel(Server):
 
 
 class MlxLm(Server):
-    """`mlx_lm.server` on the same model exported as an MLX directory (float32), with OpenBLAS
-    preloaded on Linux as mlxcel links it, and its prompt cache capped at `cache_bytes`."""
+    """`mlx_lm.server` on the same model exported as an MLX directory (float32; or `model`, a
+    directory of any dtype), with OpenBLAS preloaded on Linux as mlxcel links it (not on a GPU),
+    and its prompt cache capped at `cache_bytes`."""
 
     kind = "mlx_lm"
 
-    def __init__(self, name, cache_bytes):
+    def __init__(self, name, cache_bytes, model=MLX_DIR, gpu=False):
         self.name, self.port = name, free_port()
         env = dict(os.environ)
-        if platform.system() == "Linux" and os.path.exists(OPENBLAS):
+        if platform.system() == "Linux" and os.path.exists(OPENBLAS) and not gpu:
             env["LD_PRELOAD"] = OPENBLAS
         self.dir = tempfile.mkdtemp(prefix="mxl", dir="/tmp")
         self.log = open(os.path.join(self.dir, "server.log"), "w")
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "mlx_lm.server", "--model", MLX_DIR, "--port", str(self.port),
+            [PYTHON, "-m", "mlx_lm.server", "--model", model, "--port", str(self.port),
              "--prompt-cache-bytes", str(cache_bytes)],
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for("mlx_lm.server answered", lambda: request(self.port, "GET", "/v1/models", timeout=5)[0] == 200, 300)
+        wait_for("mlx_lm.server answered", lambda: request(self.port, "GET", "/v1/models", timeout=5)[0] == 200, 900)
         self.pids = {"mlx_lm.server": self.proc.pid}
 
     def cache(self):
