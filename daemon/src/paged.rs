@@ -68,12 +68,7 @@ impl PagedSeq {
 
     /// A [`KvStore`] over `pool` for one forward pass.
     pub fn store<'a>(&'a mut self, pool: &'a mut BlockPool) -> PagedStore<'a> {
-        PagedStore {
-            seq: self,
-            pool,
-            gathered: false,
-            plan: None,
-        }
+        PagedStore { seq: self, pool }
     }
 }
 
@@ -81,22 +76,6 @@ impl PagedSeq {
 pub struct PagedStore<'a> {
     seq: &'a mut PagedSeq,
     pool: &'a mut BlockPool,
-    /// Whether blocks lying in several spans are read as one gathered span.
-    gathered: bool,
-    /// That gather's plan, made by the first layer (every layer reads the same blocks).
-    plan: Option<Gather>,
-}
-
-impl PagedStore<'_> {
-    /// The same store for a reader that joins spans into one tensor anyway (the GPU's fused
-    /// attention): blocks lying in several spans come back as one, gathered with one take per
-    /// slab, instead of one copy per span (a sequence whose blocks came back from the cache in
-    /// any order has a span per block: measured on an H200, a 4k prompt's later chunks then
-    /// took ~8k copies each).
-    pub fn gathered(mut self) -> Self {
-        self.gathered = true;
-        self
-    }
 }
 
 /// [`BatchKv`] over the pool for several sequences (one batched decode step).
@@ -290,24 +269,10 @@ impl KvStore for PagedStore<'_> {
         let at = self.seq.at(bt, start, end);
         self.pool
             .write(layer, &at, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
-        let blocks = end.div_ceil(bt);
-        let table = &self.seq.table[..blocks];
-        if self.plan.is_none() && self.gathered && self.pool.span_count(table) > 1 {
-            self.plan = Some(Gather::new(self.pool, &[table], blocks)?);
-        }
-        match &self.plan {
-            Some(plan) => {
-                // [kv_heads, 1, positions, head_dim] -> [1, kv_heads, positions, head_dim]
-                let (k, v) = self.pool.gather(layer, plan)?;
-                Ok(vec![(k.swap_axes(0, 1)?, v.swap_axes(0, 1)?)])
-            }
-            None => self.pool.spans(layer, table, blocks),
-        }
+        self.pool.spans(layer, &self.seq.table, end.div_ceil(bt))
     }
 
     fn commit(&mut self, tokens: usize) {
         self.seq.len += tokens;
-        // The next forward pass reads more positions.
-        self.plan = None;
     }
 }

@@ -257,32 +257,3 @@ fn batched_goldens(read: mlxcel_daemon::paged::OwnRead) {
     }
     assert_eq!(pool.free_blocks(), 64);
 }
-
-#[test]
-fn a_gathered_store_reads_blocks_in_any_order_and_keeps_the_golden_tokens() {
-    // Blocks handed out in reverse, in slabs of 2: every block is its own span, so the store
-    // gathers them (the GPU's prefill read) where the plain store would return one span each.
-    let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-        .expect("make setup");
-    let block_tokens = 8;
-    let fixtures = fixtures();
-    let chat = &fixtures["chats"].as_array().unwrap()[0];
-    let prompt = ids(&chat["prompt_ids"]);
-    let want = ids(&chat["greedy_ids"]);
-    let blocks = (prompt.len() + want.len()).div_ceil(block_tokens) as u32 + 1;
-    let shape = shape(m.model.config.layers, blocks, block_tokens);
-    let mut pool = BlockPool::with_slab_blocks(shape, 2).unwrap();
-    let mut table = pool.allocate(blocks as usize).unwrap();
-    table.reverse();
-    let mut seq = PagedSeq { table, len: 0 };
-    let got = generate(
-        &m.model,
-        &mut seq.store(&mut pool).gathered(),
-        &request(prompt, want.len()),
-        |_| true,
-    )
-    .unwrap();
-    assert_eq!(got.tokens, want);
-    seq.free(&mut pool);
-    assert_eq!(pool.free_blocks(), blocks);
-}

@@ -9,7 +9,7 @@ use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, RequestId, Usage
 
 use crate::Result;
 use crate::model::Model;
-use crate::paged::{PagedSeq, PagedStore};
+use crate::paged::PagedSeq;
 use crate::pool::BlockPool;
 use crate::sampler::Sampler;
 
@@ -113,7 +113,7 @@ impl Sequence {
             .skip(self.kv.len)
             .take(chunk)
             .collect();
-        let logits = model.forward(&piece, &mut prefill_store(model, &mut self.kv, pool))?;
+        let logits = model.forward(&piece, &mut self.kv.store(pool))?;
         logits.eval()?;
         if self.kv.len == target {
             // Sampling continues where it stopped (a preempted request's output was already sent).
@@ -177,20 +177,5 @@ impl Sequence {
         block_tokens: usize,
     ) -> Vec<BlockHash> {
         mlxcel_ipc::block_hash::block_hashes(seed, &self.stored_tokens(), block_tokens)
-    }
-}
-
-/// The store a prefill chunk reads `seq`'s blocks through: on a GPU, whose fused attention joins
-/// them into one tensor anyway, gathered ([`PagedStore::gathered`]); on the CPU, in place.
-pub(super) fn prefill_store<'a>(
-    model: &Model,
-    seq: &'a mut PagedSeq,
-    pool: &'a mut BlockPool,
-) -> PagedStore<'a> {
-    let store = seq.store(pool);
-    if model.placement.gpu {
-        store.gathered()
-    } else {
-        store
     }
 }

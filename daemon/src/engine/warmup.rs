@@ -26,10 +26,7 @@ pub fn run(
     let chunk = prefill_chunk.min(blocks.saturating_sub(1) * bt);
     if chunk > 0 {
         let mut seq = PagedSeq::default();
-        let out = model.forward(
-            &ids(chunk),
-            &mut super::sequence::prefill_store(model, &mut seq, pool),
-        );
+        let out = model.forward(&ids(chunk), &mut seq.store(pool));
         seq.free(pool);
         out?.eval()?;
     }
