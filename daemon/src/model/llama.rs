@@ -100,10 +100,7 @@ impl Model {
             weights.linear(&names.output(), placement)?
         } else {
             // Tied output head: reuse the (dequantized) embedding table.
-            Linear::Dense {
-                wt: embed.t(),
-                bias: None,
-            }
+            Linear::dense(embed.clone(), None, placement)
         };
         let norm = norm(names.output_norm())?;
         let rotary = Rotary::new(config.head_dim, config.rope_theta, config.rope_traditional);

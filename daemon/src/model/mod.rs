@@ -7,6 +7,7 @@
 //! - [`safetensors`]: loading an MLX / Hugging Face directory.
 //! - [`fast_exp`]: `exp` for the CPU backend (softmax, SiLU), compiled from fast ops.
 //! - [`rotary`]: RoPE for the CPU backend, from angles computed once per forward pass.
+//! - [`skinny`]: the decode step's matmul on the CPU (few rows, no `sgemm` packing).
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
 mod attention;
@@ -17,6 +18,7 @@ pub mod gguf_check;
 pub mod llama;
 mod rotary;
 pub mod safetensors;
+mod skinny;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use mlx_rs::{Array, Dtype, ops};
 
+use super::skinny::Skinny;
 use crate::device::Placement;
 use crate::{EngineError, Result};
 
@@ -21,8 +22,13 @@ pub struct Weights {
 
 /// A linear layer `y = x · Wᵀ (+ b)`.
 pub enum Linear {
-    /// A dense weight stored transposed (`[in, out]`) for a plain matmul.
-    Dense { wt: Array, bias: Option<Array> },
+    /// A dense weight stored transposed (`[in, out]`) for a plain matmul; on a CPU that can,
+    /// also the few-row kernel over the same buffer.
+    Dense {
+        wt: Array,
+        bias: Option<Array>,
+        skinny: Option<Skinny>,
+    },
     /// MLX affine-quantized weight.
     Quantized {
         w: Array,
@@ -35,10 +41,20 @@ pub enum Linear {
 }
 
 impl Linear {
+    /// A dense layer over `w` (`[out, in]`, evaluated).
+    pub fn dense(w: Array, bias: Option<Array>, placement: Placement) -> Linear {
+        let skinny = if placement.gpu { None } else { Skinny::new(&w) };
+        Linear::Dense {
+            wt: w.t(),
+            bias,
+            skinny,
+        }
+    }
+
     /// Bytes of parameters a forward pass reads.
     pub fn nbytes(&self) -> usize {
         match self {
-            Linear::Dense { wt, bias } => wt.nbytes() + bias.as_ref().map_or(0, Array::nbytes),
+            Linear::Dense { wt, bias, .. } => wt.nbytes() + bias.as_ref().map_or(0, Array::nbytes),
             Linear::Quantized {
                 w,
                 scales,
@@ -57,7 +73,16 @@ impl Linear {
     /// Applies the layer to `x` (`[..., in]`).
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (y, bias) = match self {
-            Linear::Dense { wt, bias } => (ops::matmul(x, wt)?, bias),
+            Linear::Dense { wt, bias, skinny } => {
+                let few = match skinny {
+                    Some(k) => k.forward(x)?,
+                    None => None,
+                };
+                match few {
+                    Some(y) => (y, bias),
+                    None => (ops::matmul(x, wt)?, bias),
+                }
+            }
             Linear::Quantized {
                 w,
                 scales,
@@ -142,7 +167,7 @@ impl Weights {
         let w = self.dense(name, placement.dtype)?;
         // Dequantize now, once; the transpose is a view BLAS reads with its transpose flag.
         w.eval()?;
-        Ok(Linear::Dense { wt: w.t(), bias })
+        Ok(Linear::dense(w, bias, placement))
     }
 
     /// The scales, biases and bit width of a quantized tensor (None if it is not quantized).
