@@ -117,6 +117,17 @@ fn main() {
         rss_before.unwrap_or(0.0)
     );
 
+    if std::env::var_os("MLXCEL_BENCH_STEPS_ONLY").is_some() {
+        // Only the batched decode steps (for a profiler): `MLXCEL_BENCH_STEPS_ONLY=1`.
+        let seed_ids = loaded
+            .text
+            .encode("The quick brown fox jumps over the lazy dog. ");
+        let b = std::env::var("MLXCEL_BENCH_B")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        batched_steps(m, &seed_ids.expect("encode"), 200, &[b.unwrap_or(8)], 60);
+        return;
+    }
     // Prefill: a 512-token prompt (the first chat prompt's tokens, repeated), one chunk.
     let seed_ids = loaded
         .text
@@ -149,8 +160,8 @@ fn main() {
     seq.free(&mut pool);
 
     long_context_decode(m, &seed_ids);
-    batched_steps(m, &seed_ids, 200);
-    batched_steps(m, &seed_ids, 512);
+    batched_steps(m, &seed_ids, 200, &[1, 4, 8, 16], 8);
+    batched_steps(m, &seed_ids, 512, &[1, 4, 8, 16], 8);
 
     let bytes = m.weight_bytes_per_token() as f64;
     let bw = copy_gbs();
@@ -234,12 +245,17 @@ fn dense_then_paged(
 
 /// Batched decode steps through the pool as the engine runs them: `b` sequences, each with a
 /// ~`context`-token prompt prefilled, then `forward_batch` steps; ms per step and tok/s.
-fn batched_steps(m: &mlxcel_daemon::model::Model, seed_ids: &[u32], context: usize) {
-    const STEPS: usize = 8;
-    for b in [1usize, 4, 8, 16] {
+fn batched_steps(
+    m: &mlxcel_daemon::model::Model,
+    seed_ids: &[u32],
+    context: usize,
+    sizes: &[usize],
+    steps: usize,
+) {
+    for &b in sizes {
         let shape = PoolShape {
             layers: m.config.layers,
-            num_blocks: (b * (context + STEPS + 1)).div_ceil(32) as u32 + b as u32,
+            num_blocks: (b * (context + steps + 1)).div_ceil(32) as u32 + b as u32,
             block_tokens: 32,
             kv_heads: m.config.kv_heads,
             head_dim: m.config.head_dim,
@@ -262,7 +278,7 @@ fn batched_steps(m: &mlxcel_daemon::model::Model, seed_ids: &[u32], context: usi
         }
         let tokens: Vec<u32> = (0..b).map(|i| seed_ids[i % seed_ids.len()]).collect();
         let mut best = f64::MAX;
-        for step in 0..=STEPS {
+        for step in 0..=steps {
             let t = Instant::now();
             let mut kv = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
             m.forward_batch(&tokens, &mut kv)
@@ -273,7 +289,7 @@ fn batched_steps(m: &mlxcel_daemon::model::Model, seed_ids: &[u32], context: usi
             }
         }
         println!(
-            "batched decode step, B={b} at ~{context} tokens each: {:.1} ms/step = {:.1} tok/s (best of {STEPS})",
+            "batched decode step, B={b} at ~{context} tokens each: {:.1} ms/step = {:.1} tok/s (best of {steps})",
             best * 1e3,
             b as f64 / best
         );

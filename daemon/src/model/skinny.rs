@@ -133,7 +133,13 @@ fn rows_times(x: &[f32], rows: usize, k: usize, w: &[f32], yt: &mut [f32]) {
 mod avx {
     use std::arch::x86_64::*;
 
-    /// See [`super::rows_times`]: blocks of four weight rows, each against every row of `x`.
+    /// Rows of `x` that one pass multiplies with a block: 3 × 4 accumulators, the three `x`
+    /// vectors and one weight vector fill the 16 AVX registers, and each weight load feeds three
+    /// FMAs (one row at a time, the loads of `w` from L1 were the limit at eight rows).
+    const X_ROWS: usize = 3;
+
+    /// See [`super::rows_times`]: blocks of four weight rows, each against every row of `x`,
+    /// three rows of `x` at a time.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn rows_times(x: &[f32], rows: usize, k: usize, w: &[f32], yt: &mut [f32]) {
         let n = w.len() / k;
@@ -141,27 +147,84 @@ mod avx {
         while r < n {
             let block = (n - r).min(super::BLOCK);
             let wb = &w[r * k..(r + block) * k];
-            for m in 0..rows {
-                let xr = &x[m * k..(m + 1) * k];
-                let mut out = [0f32; super::BLOCK];
-                if block == super::BLOCK {
-                    // SAFETY: AVX2 and FMA are enabled on this function; both rows are k long.
-                    out = unsafe { dot4(xr, wb, k) };
-                } else {
-                    for (b, o) in out.iter_mut().enumerate().take(block) {
-                        *o = xr
-                            .iter()
-                            .zip(&wb[b * k..(b + 1) * k])
-                            .map(|(a, c)| a * c)
-                            .sum();
+            if block < super::BLOCK {
+                for m in 0..rows {
+                    let xr = &x[m * k..(m + 1) * k];
+                    for b in 0..block {
+                        yt[(r + b) * rows + m] = dot(xr, &wb[b * k..(b + 1) * k]);
                     }
                 }
-                for (b, o) in out.iter().enumerate().take(block) {
-                    yt[(r + b) * rows + m] = *o;
+                r += block;
+                continue;
+            }
+            let mut m = 0;
+            while m < rows {
+                let take = (rows - m).min(X_ROWS);
+                let xs = &x[m * k..(m + take) * k];
+                // SAFETY: AVX2 and FMA are enabled here; `xs` is take × k, `wb` 4 × k.
+                let out = unsafe {
+                    if take == X_ROWS {
+                        dot4x3(xs, wb, k)
+                    } else {
+                        let mut o = [[0f32; super::BLOCK]; X_ROWS];
+                        for (i, oi) in o.iter_mut().enumerate().take(take) {
+                            *oi = dot4(&xs[i * k..(i + 1) * k], wb, k);
+                        }
+                        o
+                    }
+                };
+                for (i, oi) in out.iter().enumerate().take(take) {
+                    for (b, v) in oi.iter().enumerate() {
+                        yt[(r + b) * rows + m + i] = *v;
+                    }
                 }
+                m += take;
             }
             r += block;
         }
+    }
+
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(p, q)| p * q).sum()
+    }
+
+    /// Three rows of `x` (each `k` long, one after another) against four rows of `w`:
+    /// `out[i][b] = x_i · w_b`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)] // register arrays, indexed by constants once unrolled
+    unsafe fn dot4x3(x: &[f32], w: &[f32], k: usize) -> [[f32; 4]; X_ROWS] {
+        let lanes = k / 8 * 8;
+        let (xp, wp) = (x.as_ptr(), w.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 4]; X_ROWS];
+        let mut c = 0;
+        while c < lanes {
+            // SAFETY: c + 8 <= k, so every load is inside `x` (3 k) and `w` (4 k).
+            unsafe {
+                let xv = [
+                    _mm256_loadu_ps(xp.add(c)),
+                    _mm256_loadu_ps(xp.add(k + c)),
+                    _mm256_loadu_ps(xp.add(2 * k + c)),
+                ];
+                for b in 0..4 {
+                    let wv = _mm256_loadu_ps(wp.add(b * k + c));
+                    for i in 0..X_ROWS {
+                        acc[i][b] = _mm256_fmadd_ps(wv, xv[i], acc[i][b]);
+                    }
+                }
+            }
+            c += 8;
+        }
+        let mut out = [[0f32; 4]; X_ROWS];
+        for i in 0..X_ROWS {
+            for b in 0..4 {
+                out[i][b] = hsum(acc[i][b])
+                    + dot(
+                        &x[i * k + lanes..(i + 1) * k],
+                        &w[b * k + lanes..(b + 1) * k],
+                    );
+            }
+        }
+        out
     }
 
     /// One row of `x` against four rows of `w` (each `k` long).
@@ -169,29 +232,21 @@ mod avx {
     unsafe fn dot4(x: &[f32], w: &[f32], k: usize) -> [f32; 4] {
         let lanes = k / 8 * 8;
         let (xp, wp) = (x.as_ptr(), w.as_ptr());
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-        );
+        let mut acc = [_mm256_setzero_ps(); 4];
         let mut c = 0;
         while c < lanes {
             // SAFETY: c + 8 <= k, so every load is inside `x` (k) and `w` (4 k).
             unsafe {
                 let xv = _mm256_loadu_ps(xp.add(c));
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(c)), xv, a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(k + c)), xv, a1);
-                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(2 * k + c)), xv, a2);
-                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(3 * k + c)), xv, a3);
+                for (b, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(b * k + c)), xv, *a);
+                }
             }
             c += 8;
         }
-        let mut out = [hsum(a0), hsum(a1), hsum(a2), hsum(a3)];
+        let mut out = [0f32; 4];
         for (b, o) in out.iter_mut().enumerate() {
-            for i in lanes..k {
-                *o += x[i] * w[b * k + i];
-            }
+            *o = hsum(acc[b]) + dot(&x[lanes..k], &w[b * k + lanes..(b + 1) * k]);
         }
         out
     }
@@ -266,5 +321,72 @@ mod tests {
             .as_dtype(Dtype::Float16)
             .unwrap();
         assert!(k.forward(&half).unwrap().is_none());
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+    use mlx_rs::random;
+
+    #[test]
+    #[ignore]
+    fn time_a_decode_steps_weights() {
+        let shapes = [
+            (576, 576),
+            (192, 576),
+            (192, 576),
+            (576, 576),
+            (1536, 576),
+            (1536, 576),
+            (576, 1536),
+        ];
+        let mut ws = Vec::new();
+        for _ in 0..30 {
+            for (n, k) in shapes {
+                let w = random::normal::<f32>(&[n, k], None, None, None).unwrap();
+                w.eval().unwrap();
+                ws.push(Skinny::new(&w).unwrap());
+            }
+        }
+        let head = random::normal::<f32>(&[49152, 576], None, None, None).unwrap();
+        head.eval().unwrap();
+        ws.push(Skinny::new(&head).unwrap());
+        for (name, i) in [("q 576x576", 0), ("k 192x576", 1), ("gate 1536x576", 4)] {
+            let x = mlx_rs::ops::ones::<f32>(&[1, 576]).unwrap();
+            x.eval().unwrap();
+            let t = std::time::Instant::now();
+            for _ in 0..1000 {
+                ws[i].forward(&x).unwrap().unwrap().eval().unwrap();
+            }
+            let per = t.elapsed().as_secs_f64() / 1000.0;
+            eprintln!("{name} hot, 1 row: {:.1} us per call", per * 1e6);
+        }
+        for rows in [1, 2, 4, 8, 16] {
+            let mut best = f64::MAX;
+            for _ in 0..4 {
+                let t = std::time::Instant::now();
+                for w in &ws {
+                    let x = mlx_rs::ops::ones::<f32>(&[rows, w.inner as i32]).unwrap();
+                    let y = w.forward(&x).unwrap().unwrap();
+                    y.eval().unwrap();
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let x = mlx_rs::ops::ones::<f32>(&[rows, 576]).unwrap();
+            let t = std::time::Instant::now();
+            ws[ws.len() - 1]
+                .forward(&x)
+                .unwrap()
+                .unwrap()
+                .eval()
+                .unwrap();
+            let h = t.elapsed().as_secs_f64();
+            eprintln!(
+                "rows {rows}: {:.1} ms per step, head alone {:.1} ms",
+                best * 1e3,
+                h * 1e3
+            );
+        }
     }
 }
