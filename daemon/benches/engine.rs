@@ -125,7 +125,11 @@ fn main() {
         let b = std::env::var("MLXCEL_BENCH_B")
             .ok()
             .and_then(|v| v.parse().ok());
-        batched_steps(m, &seed_ids.expect("encode"), 200, &[b.unwrap_or(8)], 60);
+        let seed_ids = seed_ids.expect("encode");
+        if std::env::var_os("MLXCEL_BENCH_LONG").is_some() {
+            long_context_decode(m, &seed_ids);
+        }
+        batched_steps(m, &seed_ids, 200, &[b.unwrap_or(8)], 60);
         return;
     }
     // Prefill: a 512-token prompt (the first chat prompt's tokens, repeated), one chunk.
@@ -176,9 +180,12 @@ fn main() {
 /// Decode over a long context (the footprint benchmark's ~3.7k-token shared prefix): the dense
 /// store against the paged pool, and what gathering every layer's K/V out of the pool costs alone.
 fn long_context_decode(m: &mlxcel_daemon::model::Model, seed_ids: &[u32]) {
-    const CONTEXT: usize = 3_700;
+    let context = std::env::var("MLXCEL_BENCH_LONG")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let context: usize = context.unwrap_or(3_700);
     const TOKENS: usize = 32;
-    let prompt: Vec<u32> = seed_ids.iter().copied().cycle().take(CONTEXT).collect();
+    let prompt: Vec<u32> = seed_ids.iter().copied().cycle().take(context).collect();
     let req = GenerateRequest {
         prompt,
         max_tokens: TOKENS,
@@ -187,7 +194,7 @@ fn long_context_decode(m: &mlxcel_daemon::model::Model, seed_ids: &[u32]) {
         prefill_chunk: 512,
     };
     let (_, mut pool, mut seq) =
-        dense_then_paged(m, &req, &format!(" after a {CONTEXT}-token prompt"));
+        dense_then_paged(m, &req, &format!(" after a {context}-token prompt"));
     let reps = 5;
     let t = Instant::now();
     for _ in 0..reps {
@@ -219,9 +226,11 @@ fn dense_then_paged(
     let g = generate(m, &mut kv, req, |_| true).expect("decode");
     let dense_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
     println!(
-        "decode batch 1{case}: {} tokens in {:.2} s = {dense_tps:.1} tok/s",
+        "decode batch 1{case}: {} tokens in {:.2} s = {dense_tps:.1} tok/s (prefill of {} tokens {:.2} s)",
         g.tokens.len(),
-        g.decode_time.as_secs_f64()
+        g.decode_time.as_secs_f64(),
+        req.prompt.len(),
+        g.prefill_time.as_secs_f64()
     );
     // The same decode through the paged pool: gathers K/V by block table.
     let shape = PoolShape {
@@ -237,8 +246,9 @@ fn dense_then_paged(
     let g = generate(m, &mut seq.store(&mut pool), req, |_| true).expect("paged decode");
     let paged_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
     println!(
-        "decode batch 1{case}, paged pool: {paged_tps:.1} tok/s ({:.2}x the dense store)",
-        paged_tps / dense_tps
+        "decode batch 1{case}, paged pool: {paged_tps:.1} tok/s ({:.2}x the dense store; prefill {:.2} s)",
+        paged_tps / dense_tps,
+        g.prefill_time.as_secs_f64()
     );
     (dense_tps, pool, seq)
 }
