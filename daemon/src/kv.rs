@@ -68,6 +68,9 @@ pub enum OwnLayout {
     Padded,
     /// Either, whichever the store reads cheaper.
     Either,
+    /// In-place spans unless the store is told otherwise (the CPU's span kernel reads them
+    /// without a copy).
+    Spans,
 }
 
 /// A decode step's keys and values: the positions every sequence shares (the same full blocks,

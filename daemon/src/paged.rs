@@ -101,11 +101,12 @@ pub enum OwnRead {
 }
 
 impl OwnRead {
-    fn spans(self, pool: &BlockPool, own: &[&[BlockId]]) -> bool {
-        match self {
-            OwnRead::Cheaper => spans_cheaper(pool, own),
-            OwnRead::Gather => false,
-            OwnRead::Spans => true,
+    /// Whether a step whose model reads `layout` reads the own blocks `own` as spans.
+    fn spans(self, layout: OwnLayout, pool: &BlockPool, own: &[&[BlockId]]) -> bool {
+        match (layout, self) {
+            (OwnLayout::Padded, _) | (_, OwnRead::Gather) => false,
+            (_, OwnRead::Spans) | (OwnLayout::Spans, OwnRead::Cheaper) => true,
+            (OwnLayout::Either, OwnRead::Cheaper) => spans_cheaper(pool, own),
         }
     }
 }
@@ -183,14 +184,12 @@ impl BatchKv for PagedBatch<'_> {
                 .iter()
                 .map(|s| &s.table[shared..(s.len + 1).div_ceil(bt)])
                 .collect();
-            self.plan = Some(
-                if layout == OwnLayout::Either && self.read.spans(self.pool, &own) {
-                    OwnPlan::Spans
-                } else {
-                    let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
-                    OwnPlan::Gather(Gather::new(self.pool, &own, blocks)?)
-                },
-            );
+            self.plan = Some(if self.read.spans(layout, self.pool, &own) {
+                OwnPlan::Spans
+            } else {
+                let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
+                OwnPlan::Gather(Gather::new(self.pool, &own, blocks)?)
+            });
             self.shared = shared;
         }
         let own = match &self.plan {

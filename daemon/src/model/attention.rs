@@ -4,7 +4,7 @@
 //! product per span, summed.
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{Array, Dtype, ops};
+use mlx_rs::{Array, Dtype, fast, ops};
 
 use super::fast_exp::{LOG2_E, softmax2_last};
 use crate::Result;
@@ -271,6 +271,54 @@ fn spans_product(p: &Array, spans: &[(Array, Array)]) -> Result<Array> {
         });
     }
     out.ok_or_else(no_keys)
+}
+
+/// Attention of a decode step through MLX's fused kernel (the GPU): the kernel wants one
+/// padded K/V per row, so the shared spans are repeated per row and the mask widened to them.
+/// `[b, 1, heads * head_dim]`.
+pub(super) fn fused_batch_attention(
+    q: &Array,
+    keys: &BatchKeys,
+    scale: f32,
+    mask: Option<&Array>,
+    kv_heads: i32,
+) -> Result<Array> {
+    let (b, heads, hd) = (q.shape()[0], q.shape()[1], q.shape()[3]);
+    let OwnKeys::Padded(tk, tv) = &keys.own else {
+        return Err(crate::EngineError::Internal(
+            "the fused attention needs padded keys".into(),
+        ));
+    };
+    let (tk, tv) = (tk.swap_axes(0, 1)?, tv.swap_axes(0, 1)?);
+    let (mut ks, mut vs) = (Vec::new(), Vec::new());
+    for (k, v) in &keys.shared {
+        let n = k.shape()[2];
+        ks.push(ops::broadcast_to(k, &[b, kv_heads, n, hd])?);
+        vs.push(ops::broadcast_to(v, &[b, kv_heads, n, hd])?);
+    }
+    ks.push(tk);
+    vs.push(tv);
+    let (k, v) = (ops::concatenate(&ks, 2)?, ops::concatenate(&vs, 2)?);
+    let mask = match mask {
+        Some(m) if keys.shared_len > 0 => Some(ops::concatenate(
+            &[
+                ops::zeros_dtype(&[b, 1, 1, keys.shared_len as i32], m.dtype())?,
+                m.clone(),
+            ],
+            3,
+        )?),
+        m => m.cloned(),
+    };
+    let mask = mask
+        .as_ref()
+        .map(fast::ScaledDotProductAttentionMask::Array);
+    Ok(
+        fast::scaled_dot_product_attention(q, &k, &v, scale, mask, None)?.reshape(&[
+            b,
+            1,
+            heads * hd,
+        ])?,
+    )
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use crate::Result;
 pub(super) const LOG2_E: f32 = std::f32::consts::LOG2_E;
 
 /// `ln(2)^k / k!` for k = 0..=6: the Taylor series of `2^f`, enough for f32 on `|f| ≤ 1/2`.
-const C: [f32; 7] = [
+pub(super) const C: [f32; 7] = [
     1.0,
     std::f32::consts::LN_2,
     0.240_226_5,

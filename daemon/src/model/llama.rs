@@ -4,11 +4,13 @@
 use mlx_rs::{Array, Dtype, fast, nn, ops};
 
 use super::attention::{
-    batch_attention, causal_attention, causal_mask, explicit_attention, padding_mask,
+    batch_attention, causal_attention, causal_mask, explicit_attention, fused_batch_attention,
+    padding_mask,
 };
 use super::config::ModelConfig;
 use super::fast_exp;
 use super::rotary::{Angles, Rotary};
+use super::span_attention;
 use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
@@ -256,6 +258,14 @@ impl Model {
             let (keys, values) = joined(spans)?;
             let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
             fast::scaled_dot_product_attention(q, &keys, &values, scale, mask, None)?
+        } else if let Some(out) = span_attention::attend(
+            q,
+            &[spans.to_vec()],
+            &[(offset + t) as usize],
+            scale,
+            (heads / kv_heads) as usize,
+        )? {
+            return Ok(out);
         } else if let Some(mask) = mask.filter(|_| t >= 2 * CAUSAL_PIECE) {
             causal_attention(
                 q,
@@ -278,48 +288,16 @@ impl Model {
     /// the own keys are padded. Returns `[b, 1, heads * head_dim]`.
     fn attend_batch(&self, q: &Array, keys: &BatchKeys, mask: Option<&Array>) -> Result<Array> {
         let c = &self.config;
-        let b = q.shape()[0];
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (hd as f32).sqrt();
         if !self.placement.gpu {
-            return batch_attention(q, keys, scale, mask, heads / kv_heads);
+            let group = heads / kv_heads;
+            if let Some(out) = span_attention::attend_batch(q, keys, scale, group as usize)? {
+                return Ok(out);
+            }
+            return batch_attention(q, keys, scale, mask, group);
         }
-        let OwnKeys::Padded(tk, tv) = &keys.own else {
-            return Err(crate::EngineError::Internal(
-                "the fused attention needs padded keys".into(),
-            ));
-        };
-        // The fused kernel wants one padded K/V per row: the shared spans repeated per row.
-        let (tk, tv) = (tk.swap_axes(0, 1)?, tv.swap_axes(0, 1)?);
-        let (mut ks, mut vs) = (Vec::new(), Vec::new());
-        for (k, v) in &keys.shared {
-            let n = k.shape()[2];
-            ks.push(ops::broadcast_to(k, &[b, kv_heads, n, hd])?);
-            vs.push(ops::broadcast_to(v, &[b, kv_heads, n, hd])?);
-        }
-        ks.push(tk);
-        vs.push(tv);
-        let (k, v) = (ops::concatenate(&ks, 2)?, ops::concatenate(&vs, 2)?);
-        let mask = match mask {
-            Some(m) if keys.shared_len > 0 => Some(ops::concatenate(
-                &[
-                    ops::zeros_dtype(&[b, 1, 1, keys.shared_len as i32], m.dtype())?,
-                    m.clone(),
-                ],
-                3,
-            )?),
-            m => m.cloned(),
-        };
-        let mask = mask
-            .as_ref()
-            .map(fast::ScaledDotProductAttentionMask::Array);
-        Ok(
-            fast::scaled_dot_product_attention(q, &k, &v, scale, mask, None)?.reshape(&[
-                b,
-                1,
-                heads * hd,
-            ])?,
-        )
+        fused_batch_attention(q, keys, scale, mask, kv_heads)
     }
 
     /// One decode step for several sequences at once: `tokens[i]` is the next token of sequence
@@ -344,11 +322,11 @@ impl Model {
             .take_axis(&ids, 0)?
             .reshape(&[b, 1, c.hidden as i32])?;
         let mut mask: Option<Array> = None;
-        // The fused kernel reads one padded tensor; the CPU's attention reads either.
-        let layout = if self.placement.gpu {
-            OwnLayout::Padded
-        } else {
-            OwnLayout::Either
+        // The fused kernel reads one padded tensor; the CPU's span kernel reads spans in place.
+        let layout = match (self.placement.gpu, span_attention::available()) {
+            (true, _) => OwnLayout::Padded,
+            (false, true) => OwnLayout::Spans,
+            (false, false) => OwnLayout::Either,
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;

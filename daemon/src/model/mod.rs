@@ -8,6 +8,7 @@
 //! - [`fast_exp`]: `exp` for the CPU backend (softmax, SiLU), compiled from fast ops.
 //! - [`rotary`]: RoPE for the CPU backend, from angles computed once per forward pass.
 //! - [`skinny`]: the decode step's matmul on the CPU (few rows, no `sgemm` packing).
+//! - [`span_attention`]: attention on the CPU read straight from the K/V spans.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
 mod attention;
@@ -19,6 +20,7 @@ pub mod llama;
 mod rotary;
 pub mod safetensors;
 mod skinny;
+mod span_attention;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
