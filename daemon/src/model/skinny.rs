@@ -95,8 +95,8 @@ impl Skinny {
     }
 }
 
-/// Whether this CPU has what the kernel needs.
-fn available() -> bool {
+/// Whether this CPU has what the kernel needs (AVX2 and FMA on x86-64).
+pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")

@@ -54,17 +54,8 @@ impl Rows {
     }
 }
 
-/// Whether this CPU runs the kernel.
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
+/// Whether this CPU runs the kernel: the same AVX2 + FMA check as the few-row matmul's.
+pub use super::skinny::available;
 
 /// Attention of `q` (`[b, heads, t, head_dim]`) over `rows[i]`, row `i`'s K/V spans in order
 /// (`[1, kv_heads, n, head_dim]` each), of which the first `valid[i]` positions are keys:
