@@ -154,24 +154,17 @@ impl Model {
         } else {
             Rope::Table(self.rotary.span(offset, t))
         };
-        // Built by the first layer, once the store says how many keys it returns.
-        let mut mask: Option<Option<Array>> = None;
+        // The causal mask, built on first use: the CPU's span kernel masks as it reads and
+        // never needs it (at 3.7k keys a 512-token chunk's mask is 7.5 MB on the host).
+        let mut mask = LazyMask::default();
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let (q, k, v) = self.project(layer, &h)?;
             let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
             let spans = kv.append(i, k, v)?;
-            if mask.is_none() {
-                let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-                let needed = t > 1 || s > offset + t;
-                mask = Some(
-                    needed
-                        .then(|| causal_mask(t, offset, s, self.placement.dtype))
-                        .transpose()?,
-                );
-            }
-            let mask_ref = mask.as_ref().and_then(Option::as_ref);
-            let out = self.attend(&q, &spans, mask_ref, offset)?;
+            let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
+            mask.keys = (t > 1 || s > offset + t).then_some((t, offset, s, self.placement.dtype));
+            let out = self.attend(&q, &spans, &mut mask, offset)?;
             x = ops::add(&x, &layer.o.forward(&out)?)?;
             x = ops::add(&x, &self.mlp(layer, &x)?)?;
         }
@@ -247,7 +240,7 @@ impl Model {
         &self,
         q: &Array,
         spans: &[(Array, Array)],
-        mask: Option<&Array>,
+        mask: &mut LazyMask,
         offset: i32,
     ) -> Result<Array> {
         let c = &self.config;
@@ -256,7 +249,7 @@ impl Model {
         let scale = 1.0 / (hd as f32).sqrt();
         let out = if self.placement.gpu {
             let (keys, values) = joined(spans)?;
-            let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
+            let mask = mask.get()?.map(fast::ScaledDotProductAttentionMask::Array);
             fast::scaled_dot_product_attention(q, &keys, &values, scale, mask, None)?
         } else if let Some(out) = span_attention::attend(
             q,
@@ -266,7 +259,7 @@ impl Model {
             (heads / kv_heads) as usize,
         )? {
             return Ok(out);
-        } else if let Some(mask) = mask.filter(|_| t >= 2 * CAUSAL_PIECE) {
+        } else if let Some(mask) = mask.get()?.filter(|_| t >= 2 * CAUSAL_PIECE) {
             causal_attention(
                 q,
                 spans,
@@ -277,7 +270,7 @@ impl Model {
                 CAUSAL_PIECE,
             )?
         } else {
-            explicit_attention(q, spans, scale, mask, heads / kv_heads)?
+            explicit_attention(q, spans, scale, mask.get()?, heads / kv_heads)?
         };
         Ok(out
             .transpose_axes(&[0, 2, 1, 3])?
@@ -360,6 +353,26 @@ fn joined(spans: &[(Array, Array)]) -> Result<(Array, Array)> {
     }
     let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
     Ok((ops::concatenate(&ks, 2)?, ops::concatenate(&vs, 2)?))
+}
+
+/// A forward pass's causal mask (`[t, keys]`), built from `keys` (queries, their offset, keys,
+/// dtype; `None`: no mask needed) the first time a path reads it.
+#[derive(Default)]
+struct LazyMask {
+    keys: Option<(i32, i32, i32, Dtype)>,
+    built: Option<Array>,
+}
+
+impl LazyMask {
+    fn get(&mut self) -> Result<Option<&Array>> {
+        let Some((t, offset, keys, dtype)) = self.keys else {
+            return Ok(None);
+        };
+        if self.built.as_ref().is_none_or(|m| m.shape() != [t, keys]) {
+            self.built = Some(causal_mask(t, offset, keys, dtype)?);
+        }
+        Ok(self.built.as_ref())
+    }
 }
 
 /// How a forward pass applies RoPE: MLX's fused kernel (GPU) or the angles of [`Rotary`].
