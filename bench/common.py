@@ -205,6 +205,8 @@ class Mlxcel(Server):
             "rejected_capacity": stats["rejected_blocks"]["capacity"],
             "pool_free_blocks": pool.get("free_blocks"), "pool_total_blocks": pool.get("total_blocks"),
             "pool_block_bytes": pool.get("block_bytes"), "pool_resident_bytes": pool.get("pool_bytes_measured"),
+            "mlx_active_bytes": pool.get("mlx_active_bytes"), "mlx_cache_bytes": pool.get("mlx_cache_bytes"),
+            "weights_bytes": pool.get("weights_bytes"),
         }
 
     def evict_all(self):

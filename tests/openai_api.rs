@@ -352,6 +352,18 @@ async fn a_repeated_long_prompt_is_served_from_the_cache_and_the_cache_routes_an
         2.0
     );
     assert!(text.contains("mlxcel_cache_evicted_blocks_total{reason=\"manual\"} 0"));
+    // Where the engine's time went: the two chats computed a prompt and decoded tokens.
+    let steps = metric("mlxcel_decode_steps_total ");
+    assert!(steps >= 1.0, "{text}");
+    assert!(metric("mlxcel_decode_rows_total ") >= steps);
+    assert!(metric("mlxcel_prefill_tokens_total ") >= 1.0);
+    for phase in ["prefill", "model", "sampling", "other"] {
+        let s = metric(&format!(
+            "mlxcel_engine_seconds_total{{phase=\"{phase}\"}} "
+        ));
+        assert!(s >= 0.0 && s.is_finite(), "{phase}: {s}");
+    }
+    assert!(metric("mlxcel_engine_seconds_total{phase=\"model\"} ") > 0.0);
 
     // Evict by entry id, then everything; a missing entry is a 404.
     let id = list[0]["id"].as_str().unwrap();

@@ -246,13 +246,14 @@ fn render(s: &Status) -> String {
         ));
         let [cache, running, free] = p.kv_resident_split();
         out.push_str(&format!(
-            "memory    KV resident {} ({} cache, {} running, {} free not yet returned), measured {} (MLX active - weights); weights {}, daemon RSS {}\n",
+            "memory    KV resident {} ({} cache, {} running, {} free not yet returned), measured {} (MLX active - weights); weights {}, MLX buffer cache {}, daemon RSS {}\n",
             format_size(cache + running + free),
             format_size(cache),
             format_size(running),
             format_size(free),
             format_size(p.kv_measured_bytes()),
             format_size(p.weights_bytes),
+            format_size(p.mlx_cache_bytes),
             format_size(p.process_resident_bytes)
         ));
     }

@@ -5,6 +5,7 @@
 //! Names follow Prometheus conventions: one `mlxcel_` prefix, base units (`_seconds`,
 //! `_bytes`), `_total` on counters, low-cardinality labels only.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -171,6 +172,24 @@ impl Exposition {
         self.registry.register(base, help(text), family);
     }
 
+    /// One counter of seconds (a float) with a label taking several values.
+    pub fn labelled_seconds(
+        &mut self,
+        name: &str,
+        text: &str,
+        label: &str,
+        values: &[(&str, f64)],
+    ) {
+        let family = Family::<Vec<(String, String)>, Counter<f64, AtomicU64>>::default();
+        for (v, n) in values {
+            family
+                .get_or_create(&vec![(label.to_string(), v.to_string())])
+                .inc_by(*n);
+        }
+        let base = name.strip_suffix("_total").unwrap_or(name);
+        self.registry.register(base, help(text), family);
+    }
+
     /// The OpenMetrics text of everything gathered.
     pub fn text(&self) -> String {
         let mut out = String::new();
@@ -197,6 +216,7 @@ mod tests {
         out.counter("x_things_total", "Things.", 3);
         out.gauge("x_level", "Level.", 7);
         out.labelled("x_by_reason_total", "By reason.", "reason", &[("a", 1)]);
+        out.labelled_seconds("x_seconds_total", "Time.", "phase", &[("p", 1.5)]);
         let text = out.text();
         let t = "mlxcel_time_to_first_token_seconds";
         assert!(
@@ -224,6 +244,10 @@ mod tests {
         assert!(text.contains("x_things_total 3\n"));
         assert!(text.contains("x_level 7\n"));
         assert!(text.contains("x_by_reason_total{reason=\"a\"} 1\n"));
+        assert!(
+            text.contains("x_seconds_total{phase=\"p\"} 1.5\n"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 }

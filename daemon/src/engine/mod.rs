@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mlxcel_ipc::proto::cache::LeaseId;
-use mlxcel_ipc::proto::daemon::{Generate, ModelInfo, PoolStats, RequestId};
+use mlxcel_ipc::proto::daemon::{Generate, ModelInfo, PoolStats, RequestId, StepTotals};
 use mlxcel_ipc::{BlockHash, BlockId, Geometry};
 
 pub use cache_link::{CacheLink, Refcounts};
@@ -108,6 +108,8 @@ pub struct EngineVitals {
     /// Block ids from the cache manager refused so far (see [`CacheLink`]).
     pub refused_block_ids: u64,
     pub pool: PoolStats,
+    /// Where the engine's time went since it started.
+    pub steps: StepTotals,
 }
 
 /// Where the engine publishes its [`EngineVitals`].
@@ -151,11 +153,18 @@ pub fn spawn(
 
 /// MLX keeps freed buffers in its own cache until told otherwise, and glibc its free pages.
 fn give_back_freed_memory() {
+    give_back_transient_memory();
+    crate::jit_cache::publish();
+}
+
+/// What a step's work freed goes back to the system: MLX's buffer cache and glibc's free pages.
+/// After a prefill chunk these are its activations (tens of MiB at 512 tokens), which a burst of
+/// long prompts would otherwise keep resident on top of the KV it holds.
+fn give_back_transient_memory() {
     if let Err(e) = mlx_rs::memory::clear_cache() {
         tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
     }
     crate::host_memory::trim_freed_memory();
-    crate::jit_cache::publish();
 }
 
 struct Engine {
@@ -183,6 +192,7 @@ impl Engine {
             resident_blocks: self.pool.resident_blocks(),
             weights_bytes: self.weights_bytes,
             mlx_active_bytes: mlx_rs::memory::active_memory().unwrap_or(0) as u64,
+            mlx_cache_bytes: mlx_rs::memory::cache_memory().unwrap_or(0) as u64,
             process_resident_bytes: crate::host_memory::resident_bytes().unwrap_or(0),
         }
     }
@@ -194,6 +204,7 @@ impl Engine {
             preemptions: self.preemptions,
             refused_block_ids: self.cache.refused(),
             pool: self.pool_stats(),
+            steps: self.clock.totals(),
         };
         *self.vitals.lock().unwrap_or_else(|p| p.into_inner()) = now;
     }

@@ -1,8 +1,11 @@
 //! Where a busy period's time went: prefill, the batched decode forward, sampling, and the
 //! rest of the step (admission, retiring, publishing). Logged when the engine goes idle, so a
-//! slow served decode can be told apart from a slow model.
+//! slow served decode can be told apart from a slow model, and summed since start
+//! ([`StepTotals`], published with the vitals: `/metrics` and the throughput bench read it).
 
 use std::time::{Duration, Instant};
+
+use mlxcel_ipc::proto::daemon::StepTotals;
 
 /// Phases of a step.
 #[derive(Debug, Clone, Copy)]
@@ -21,6 +24,8 @@ pub struct StepClock {
     decode_rows: u64,
     prefill_tokens: u64,
     started: Option<Instant>,
+    /// Everything since the engine started.
+    totals: StepTotals,
 }
 
 impl StepClock {
@@ -28,7 +33,17 @@ impl StepClock {
     pub fn lap(&mut self, phase: Phase, since: Instant) -> Instant {
         let now = Instant::now();
         self.started.get_or_insert(since);
-        self.spent[phase as usize] += now.saturating_duration_since(since);
+        let spent = now.saturating_duration_since(since);
+        self.spent[phase as usize] += spent;
+        let us = u64::try_from(spent.as_micros()).unwrap_or(u64::MAX);
+        let t = &mut self.totals;
+        let total = match phase {
+            Phase::Prefill => &mut t.prefill_us,
+            Phase::Model => &mut t.model_us,
+            Phase::Sampling => &mut t.sampling_us,
+            Phase::Other => &mut t.other_us,
+        };
+        *total = total.saturating_add(us);
         now
     }
 
@@ -36,11 +51,19 @@ impl StepClock {
     pub fn decoded(&mut self, rows: usize) {
         self.decode_steps += 1;
         self.decode_rows += rows as u64;
+        self.totals.decode_steps += 1;
+        self.totals.decode_rows += rows as u64;
     }
 
     /// Counts `n` prompt tokens computed.
     pub fn prefilled(&mut self, n: usize) {
         self.prefill_tokens += n as u64;
+        self.totals.prefill_tokens += n as u64;
+    }
+
+    /// Everything since the engine started.
+    pub fn totals(&self) -> StepTotals {
+        self.totals
     }
 
     /// Logs the busy period that just ended, if any, and starts over.
@@ -49,7 +72,7 @@ impl StepClock {
             return;
         };
         if self.decode_steps == 0 && self.prefill_tokens == 0 {
-            *self = StepClock::default();
+            self.start_over();
             return;
         }
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -69,6 +92,47 @@ impl StepClock {
             other_ms_per_step = format!("{:.2}", per_step(other)),
             "engine idle: where the busy period went"
         );
-        *self = StepClock::default();
+        self.start_over();
+    }
+
+    /// A new busy period; the totals go on.
+    fn start_over(&mut self) {
+        *self = StepClock {
+            totals: self.totals,
+            ..StepClock::default()
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_sum_every_busy_period_and_survive_the_reports() {
+        let mut clock = StepClock::default();
+        let t0 = Instant::now();
+        clock.prefilled(100);
+        let t1 = clock.lap(Phase::Prefill, t0);
+        clock.decoded(3);
+        let t2 = clock.lap(Phase::Model, t1);
+        clock.lap(Phase::Sampling, t2);
+        let first = clock.totals();
+        clock.report();
+        assert_eq!(
+            clock.totals(),
+            first,
+            "a report starts a new period, not new totals"
+        );
+        clock.decoded(5);
+        clock.lap(Phase::Model, Instant::now());
+        clock.report();
+        let t = clock.totals();
+        assert_eq!(
+            (t.prefill_tokens, t.decode_steps, t.decode_rows),
+            (100, 2, 8)
+        );
+        assert!(t.model_us >= first.model_us);
+        assert_eq!(t.prefill_us, first.prefill_us);
     }
 }

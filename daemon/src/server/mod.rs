@@ -197,6 +197,7 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                     preemptions: v.preemptions,
                     refused_block_ids: v.refused_block_ids,
                     pool: v.pool,
+                    steps: v.steps,
                 }));
             }
         }

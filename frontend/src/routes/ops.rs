@@ -201,6 +201,40 @@ fn write_daemon(out: &mut Exposition, health: Option<DaemonHealth>) {
     for (name, help, value) in gauges {
         out.gauge(name, help, value);
     }
+    let st = h.steps;
+    let seconds = |us: u64| us as f64 / 1e6;
+    out.labelled_seconds(
+        "mlxcel_engine_seconds_total",
+        "Engine time by phase of a step: prefill chunks, the batched decode forward (model), \
+         sampling, and the rest (admission, retiring, publishing).",
+        "phase",
+        &[
+            ("prefill", seconds(st.prefill_us)),
+            ("model", seconds(st.model_us)),
+            ("sampling", seconds(st.sampling_us)),
+            ("other", seconds(st.other_us)),
+        ],
+    );
+    let counts = [
+        (
+            "mlxcel_prefill_tokens_total",
+            "Prompt tokens computed (not read from the cache).",
+            st.prefill_tokens,
+        ),
+        (
+            "mlxcel_decode_steps_total",
+            "Batched decode steps.",
+            st.decode_steps,
+        ),
+        (
+            "mlxcel_decode_rows_total",
+            "Sequences summed over the decode steps (rows / steps = mean batch).",
+            st.decode_rows,
+        ),
+    ];
+    for (name, help, value) in counts {
+        out.counter(name, help, value);
+    }
     out.counter(
         "mlxcel_preemptions_total",
         "Sequences preempted because the pool was full.",

@@ -161,6 +161,8 @@ pub struct PoolStats {
     /// MLX's active memory now: weights, KV slabs and what requests hold (an independent
     /// measure of the resident KV: active − weights).
     pub mlx_active_bytes: u64,
+    /// Freed buffers MLX keeps for reuse (given back when the engine goes idle).
+    pub mlx_cache_bytes: u64,
     /// The process's resident set (phys_footprint on macOS), 0 where unknown.
     pub process_resident_bytes: u64,
 }
@@ -205,6 +207,24 @@ pub struct ModelInfo {
     pub sampling_defaults: SamplingDefaults,
 }
 
+/// Where the engine's time went since it started, summed over every step: prompt tokens
+/// computed, batched decode steps (and the rows they carried), and microseconds in each phase
+/// of a step. Deltas between two readings give the per-step breakdown of what ran between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StepTotals {
+    pub prefill_tokens: u64,
+    pub decode_steps: u64,
+    pub decode_rows: u64,
+    /// Prefill chunks (the forward passes over prompt tokens).
+    pub prefill_us: u64,
+    /// The batched decode forward passes.
+    pub model_us: u64,
+    /// Sampling the decode steps' logits.
+    pub sampling_us: u64,
+    /// The rest of a step: admission, retiring, publishing.
+    pub other_us: u64,
+}
+
 /// The daemon's state, for `/health` and `mlxcelctl status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DaemonHealth {
@@ -218,6 +238,7 @@ pub struct DaemonHealth {
     /// the hash claimed, out of range, never offered): each one a lie or a bug of the manager.
     pub refused_block_ids: u64,
     pub pool: PoolStats,
+    pub steps: StepTotals,
 }
 
 /// Messages from the daemon.
