@@ -49,6 +49,7 @@ impl Engine {
             .into_iter()
             .map(|(i, n)| (self.sched.running()[i].key(), n))
             .collect();
+        let prefilled = !plan.is_empty();
         for (key, n) in plan {
             // Earlier chunks of this step may have preempted or failed sequences.
             let Some(i) = self.sched.running().iter().position(|s| s.key() == key) else {
@@ -158,7 +159,11 @@ impl Engine {
                 );
             }
         }
-        self.clock.lap(Phase::Other, t);
+        let t = self.clock.lap(Phase::Other, t);
+        if prefilled {
+            super::give_back_transient_memory();
+            self.clock.lap(Phase::Prefill, t);
+        }
     }
 
     /// The pool's ceiling in tokens and bytes, for errors.
