@@ -8,8 +8,9 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeCounterValue;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::counter::{Atomic, ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram as PromHistogram;
@@ -162,14 +163,7 @@ impl Exposition {
 
     /// One counter with a label taking several values.
     pub fn labelled(&mut self, name: &str, text: &str, label: &str, values: &[(&str, u64)]) {
-        let family = Family::<Vec<(String, String)>, Counter>::default();
-        for (v, n) in values {
-            family
-                .get_or_create(&vec![(label.to_string(), v.to_string())])
-                .inc_by(*n);
-        }
-        let base = name.strip_suffix("_total").unwrap_or(name);
-        self.registry.register(base, help(text), family);
+        self.labelled_counter::<u64, AtomicU64>(name, text, label, values);
     }
 
     /// One counter of seconds (a float) with a label taking several values.
@@ -180,7 +174,15 @@ impl Exposition {
         label: &str,
         values: &[(&str, f64)],
     ) {
-        let family = Family::<Vec<(String, String)>, Counter<f64, AtomicU64>>::default();
+        self.labelled_counter::<f64, AtomicU64>(name, text, label, values);
+    }
+
+    fn labelled_counter<N, A>(&mut self, name: &str, text: &str, label: &str, values: &[(&str, N)])
+    where
+        N: Copy + EncodeCounterValue + std::fmt::Debug + Send + Sync + 'static,
+        A: Atomic<N> + Default + std::fmt::Debug + Send + Sync + 'static,
+    {
+        let family = Family::<Vec<(String, String)>, Counter<N, A>>::default();
         for (v, n) in values {
             family
                 .get_or_create(&vec![(label.to_string(), v.to_string())])
