@@ -11,11 +11,12 @@ use super::Engine;
 use super::sequence::{Logits, Sampled, Sequence};
 use super::step_clock::Phase;
 
+use crate::EngineError;
+use crate::paged::{PagedBatch, PagedSeq};
+
 /// Prompt tokens a step must compute before it gives their buffers back
 /// ([`super::give_back_transient_memory`]).
 const GIVE_BACK_AFTER_TOKENS: usize = 256;
-use crate::EngineError;
-use crate::paged::{PagedBatch, PagedSeq};
 
 impl Engine {
     /// Starts waiting sequences as the scheduler admits them; refuses those that can never
