@@ -8,7 +8,7 @@ use super::ceiling;
 use super::scheduler::{Limits, Scheduler};
 use super::{CacheLink, Engine, EngineConfig, Started, Vitals};
 use crate::device_memory::PoolMemory;
-use crate::pool::{BlockPool, CopyCosts, GPU_SLAB_BYTES, PoolShape, SLAB_BYTES};
+use crate::pool::{BlockPool, PoolShape};
 use crate::{EngineError, Result};
 use mlxcel_ipc::size::format_size;
 
@@ -51,12 +51,7 @@ impl Engine {
                 format_size(block_bytes)
             )));
         }
-        let (slab_bytes, costs) = if loaded.model.placement.gpu {
-            (GPU_SLAB_BYTES, CopyCosts::GPU)
-        } else {
-            (SLAB_BYTES, CopyCosts::CPU)
-        };
-        let mut pool = BlockPool::with_slab_bytes(shape, slab_bytes)?.with_costs(costs);
+        let mut pool = BlockPool::for_device(shape, loaded.model.placement.gpu)?;
         let took = super::warmup::run(
             &loaded.model,
             &mut pool,

@@ -1,0 +1,203 @@
+//! `cargo bench -p mlxcel-daemon --bench steps`: the engine's two kinds of work, timed alone on
+//! whatever device MLX picks (the GPU when there is one), with the pool laid out as the engine
+//! lays it out there. For the GPU runs (`scripts/gpu_bench.sh` stages the binary), where the
+//! served benchmark says how much and this says where.
+//!
+//! - Prefill: one chunk of each of a few prompt lengths into a fresh sequence, twice each. The
+//!   first run of a shape may pay for compiling kernels or building a library's plans for it.
+//! - Decode: `B` sequences of `context` tokens each (distinct prompts), then batched decode
+//!   steps; ms per step (median and best) and tok/s. Then the K/V path of those steps alone:
+//!   every layer's write of the new rows and read of the keys, as a GPU step does them.
+//!
+//! Settings (environment): `MLXCEL_BENCH_MODEL` (a GGUF file or a safetensors directory;
+//! default: the default model), `MLXCEL_BENCH_CASES` (decode cases as `BxCONTEXT`, comma
+//! separated; default `1x200,8x200,32x200,1x4096,8x4096`), `MLXCEL_BENCH_STEPS` (default 20),
+//! `MLXCEL_BENCH_POOL_BYTES` (the pool's ceiling; default: what the cases need).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use mlx_rs::Array;
+use mlxcel_daemon::kv::{BatchKv, OwnKeys, OwnLayout};
+use mlxcel_daemon::model::Model;
+use mlxcel_daemon::paged::{PagedBatch, PagedSeq};
+use mlxcel_daemon::pool::{BlockPool, PoolShape};
+
+/// The engine's default (`--block-tokens`).
+const BLOCK_TOKENS: usize = 32;
+
+fn main() {
+    let path = std::env::var_os("MLXCEL_BENCH_MODEL").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        },
+        PathBuf::from,
+    );
+    let cases: Vec<(usize, usize)> = std::env::var("MLXCEL_BENCH_CASES")
+        .unwrap_or_else(|_| "1x200,8x200,32x200,1x4096,8x4096".into())
+        .split(',')
+        .filter_map(|c| {
+            let (b, ctx) = c.trim().split_once('x')?;
+            Some((b.parse().ok()?, ctx.parse().ok()?))
+        })
+        .collect();
+    let steps: usize = std::env::var("MLXCEL_BENCH_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let t = Instant::now();
+    let loaded = mlxcel_daemon::load(&path).expect("load the model (MLXCEL_BENCH_MODEL)");
+    let m = &loaded.model;
+    println!(
+        "model {} ({}) on {}, loaded in {:.1} s; {} layers, {}/{} heads, head_dim {}",
+        loaded.model_id,
+        path.display(),
+        m.placement.describe(),
+        t.elapsed().as_secs_f64(),
+        m.config.layers,
+        m.config.heads,
+        m.config.kv_heads,
+        m.config.head_dim
+    );
+    let seed = loaded
+        .text
+        .encode("The quick brown fox jumps over the lazy dog. ")
+        .expect("encode");
+    let most = cases.iter().map(|&(b, c)| b * (c + steps + 2)).max();
+    let mut pool = pool_for(m, most.unwrap_or(1024).max(1024));
+    prefill_shapes(m, &mut pool, &seed);
+    for (b, context) in cases {
+        decode_steps(m, &mut pool, &seed, b, context, steps);
+    }
+}
+
+/// A pool of at least `tokens` tokens, or `MLXCEL_BENCH_POOL_BYTES` (the engine's ceiling,
+/// which sets a GPU pool's slab size), laid out as the engine lays it out on the model's device.
+fn pool_for(m: &Model, tokens: usize) -> BlockPool {
+    let mut shape = PoolShape {
+        layers: m.config.layers,
+        num_blocks: (tokens.div_ceil(BLOCK_TOKENS) + 64) as u32,
+        block_tokens: BLOCK_TOKENS,
+        kv_heads: m.config.kv_heads,
+        head_dim: m.config.head_dim,
+        dtype: m.placement.dtype,
+    };
+    let ceiling: Option<usize> = std::env::var("MLXCEL_BENCH_POOL_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    if let Some(bytes) = ceiling {
+        let blocks = (bytes / shape.block_bytes()) as u32;
+        shape.num_blocks = shape.num_blocks.max(blocks);
+    }
+    println!(
+        "pool: {} blocks of {} tokens, {} MiB",
+        shape.num_blocks,
+        BLOCK_TOKENS,
+        (shape.num_blocks as usize * shape.block_bytes()) >> 20
+    );
+    BlockPool::for_device(shape, m.placement.gpu).expect("pool")
+}
+
+fn prompt(seed: &[u32], skip: usize, len: usize) -> Vec<u32> {
+    seed.iter().copied().cycle().skip(skip).take(len).collect()
+}
+
+/// One prefill chunk of each length into a fresh sequence, twice: ms of the first and second.
+fn prefill_shapes(m: &Model, pool: &mut BlockPool, seed: &[u32]) {
+    for len in [512, 300, 301, 437, 512] {
+        let mut ms = Vec::new();
+        for run in 0..2 {
+            let mut seq = PagedSeq::default();
+            let tokens = prompt(seed, run, len);
+            let t = Instant::now();
+            m.forward(&tokens, &mut seq.store(pool))
+                .and_then(|l| l.eval().map_err(Into::into))
+                .expect("prefill");
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            seq.free(pool);
+        }
+        println!(
+            "prefill chunk of {len} tokens: first {:.1} ms, again {:.1} ms ({:.0} tok/s)",
+            ms[0],
+            ms[1],
+            len as f64 / ms[1] * 1e3
+        );
+    }
+}
+
+/// `b` sequences of ~`context` tokens, then `steps` batched decode steps after one untimed.
+fn decode_steps(
+    m: &Model,
+    pool: &mut BlockPool,
+    seed: &[u32],
+    b: usize,
+    context: usize,
+    steps: usize,
+) {
+    let mut seqs: Vec<PagedSeq> = (0..b).map(|_| PagedSeq::default()).collect();
+    let t = Instant::now();
+    for (i, seq) in seqs.iter_mut().enumerate() {
+        let tokens = prompt(seed, i, context + i);
+        for chunk in tokens.chunks(512) {
+            m.forward(chunk, &mut seq.store(pool))
+                .and_then(|l| l.eval().map_err(Into::into))
+                .expect("prefill");
+        }
+    }
+    let prefill_s = t.elapsed().as_secs_f64();
+    let tokens: Vec<u32> = (0..b).map(|i| seed[i % seed.len()]).collect();
+    let mut times = Vec::with_capacity(steps);
+    for step in 0..=steps {
+        let t = Instant::now();
+        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
+        m.forward_batch(&tokens, &mut kv)
+            .and_then(|l| l.eval().map_err(Into::into))
+            .expect("batched step");
+        if step > 0 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    println!(
+        "decode B={b} at ~{context} tokens: median {median:.2} ms/step, best {:.2} = {:.0} tok/s \
+         ({steps} steps; the prompts' prefill {prefill_s:.1} s)",
+        times[0],
+        b as f64 / median * 1e3
+    );
+    let kv_ms = kv_path(m, pool, &mut seqs, steps);
+    println!("  its K/V path alone (write and read, every layer): median {kv_ms:.2} ms/step");
+    seqs.iter_mut().for_each(|s| s.free(pool));
+}
+
+/// Median ms of writing one new row per sequence and reading the keys back, every layer, as
+/// the model's decode step does on a GPU (padded own keys), without the model.
+fn kv_path(m: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq], steps: usize) -> f64 {
+    let (b, kvh, hd) = (
+        seqs.len() as i32,
+        m.config.kv_heads as i32,
+        m.config.head_dim as i32,
+    );
+    let row = mlx_rs::ops::zeros_dtype(&[b, kvh, 1, hd], m.placement.dtype).expect("row");
+    let mut times = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let t = Instant::now();
+        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
+        kv.reserve().expect("reserve");
+        let mut outs: Vec<Array> = Vec::new();
+        for layer in 0..m.config.layers {
+            let keys = kv
+                .append_all(layer, row.clone(), row.clone(), OwnLayout::Padded)
+                .expect("append");
+            if let OwnKeys::Padded(k, v) = keys.own {
+                outs.extend([k, v]);
+            }
+            outs.extend(keys.shared.into_iter().flat_map(|(k, v)| [k, v]));
+        }
+        mlx_rs::transforms::eval(outs.iter()).expect("eval");
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
