@@ -1,4 +1,4 @@
-//! A private directory for MLX's CPU kernel compiler, shared between daemons through a cache.
+//! A private directory for MLX's kernel compilers, shared between daemons through a cache.
 //!
 //! `mlx::compile` on the CPU writes each fused kernel's C++ source to
 //! `$TMPDIR/mlx/<version>/cpu/`, runs the C++ compiler there and loads the library, trusting any
@@ -7,7 +7,9 @@
 //! gets its own `TMPDIR` (`<cache>/proc-<pid>`), seeded with hard links to the kernels already
 //! built, and publishes the ones it builds back into the cache only whole (a hard link made
 //! after the compiler finished, which either appears complete or not at all). Directories of
-//! daemons that are gone are removed at the next start.
+//! daemons that are gone are removed at the next start. MLX's CUDA backend keeps its NVRTC
+//! output under the same `TMPDIR` (`mlx/<version>/ptx/`), reading it back on a later run: it
+//! is shared the same way ([`Kernels`]).
 //!
 //! The cache is `$XDG_CACHE_HOME/mlxcel/mlx-jit`, else `~/.cache/mlxcel/mlx-jit`.
 
@@ -120,34 +122,83 @@ enum Link {
     Publish,
 }
 
-/// Hard-links every compiled library (`mlx/<version>/cpu/lib*.so` or `.dylib`) under `from` to
-/// the same place under `to`, skipping those already there. Sources are not copied: a seeded
-/// library is found by name, and MLX writes a source only to build a missing one.
+/// What MLX keeps under `$TMPDIR/mlx/<version>/`, per backend directory.
+#[derive(Clone, Copy)]
+enum Kernels {
+    /// `cpu/lib*.so` (or `.dylib`): the CPU's compiled kernels.
+    CpuLibraries,
+    /// `ptx/**/<module>.ptx` with its kernel names in `<module>.txt` (a long module name is split
+    /// into nested directories): the CUDA backend's NVRTC output, which MLX reads back instead
+    /// of compiling again. Without it every daemon start compiled them anew (a GPU warm-up of
+    /// ~100 s for SmolLM2's Q4_1 path in each end-to-end test's daemon).
+    Ptx,
+}
+
+impl Kernels {
+    const ALL: [Kernels; 2] = [Kernels::CpuLibraries, Kernels::Ptx];
+
+    fn dir(self) -> &'static str {
+        match self {
+            Kernels::CpuLibraries => "cpu",
+            Kernels::Ptx => "ptx",
+        }
+    }
+
+    /// Whether `name` is linked, and in which pass: a module's names (`.txt`) before its PTX,
+    /// so a daemon that finds the PTX in the cache finds the names too.
+    fn pass(self, name: &str) -> Option<u8> {
+        match self {
+            Kernels::CpuLibraries => (name.starts_with("lib")
+                && (name.ends_with(".so") || name.ends_with(".dylib")))
+            .then_some(0),
+            Kernels::Ptx if name.ends_with(".txt") => Some(0),
+            Kernels::Ptx if name.ends_with(".ptx") => Some(1),
+            Kernels::Ptx => None,
+        }
+    }
+}
+
+/// Hard-links every compiled kernel file ([`Kernels`]) under `from` to the same place under
+/// `to`, skipping those already there. Sources are not copied: a seeded kernel is found by
+/// name, and MLX writes a source only to build a missing one.
 fn copy_libraries(from: &Path, to: &Path, how: Link) {
     let Ok(versions) = fs::read_dir(from.join("mlx")) else {
         return;
     };
     for v in versions.flatten() {
-        let rel = Path::new("mlx").join(v.file_name()).join("cpu");
-        let Ok(files) = fs::read_dir(from.join(&rel)) else {
-            continue;
-        };
-        let dest = to.join(&rel);
-        if fs::create_dir_all(&dest).is_err() {
+        for kind in Kernels::ALL {
+            let rel = Path::new("mlx").join(v.file_name()).join(kind.dir());
+            link_dir(from, to, &rel, kind, how);
+        }
+    }
+}
+
+/// [`copy_libraries`] of one directory `rel` (and, for PTX, the directories below it).
+fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) {
+    let Ok(entries) = fs::read_dir(from.join(rel)) else {
+        return;
+    };
+    let mut files: Vec<(u8, std::ffi::OsString)> = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if matches!(kind, Kernels::Ptx) && e.file_type().is_ok_and(|t| t.is_dir()) {
+            link_dir(from, to, &rel.join(&name), kind, how);
+        } else if let Some(pass) = name.to_str().and_then(|n| kind.pass(n)) {
+            files.push((pass, name));
+        }
+    }
+    files.sort();
+    let dest = to.join(rel);
+    if files.is_empty() || fs::create_dir_all(&dest).is_err() {
+        return;
+    }
+    for (_, name) in files {
+        if dest.join(&name).exists() {
             continue;
         }
-        for f in files.flatten() {
-            let name = f.file_name();
-            let is_lib = name.to_str().is_some_and(|n| {
-                n.starts_with("lib") && (n.ends_with(".so") || n.ends_with(".dylib"))
-            });
-            if !is_lib || dest.join(&name).exists() {
-                continue;
-            }
-            if let Err(e) = fs::hard_link(f.path(), dest.join(&name)) {
-                if e.kind() != std::io::ErrorKind::AlreadyExists && matches!(how, Link::Publish) {
-                    tracing::debug!(error = %e, file = ?name, "cannot publish a compiled kernel");
-                }
+        if let Err(e) = fs::hard_link(from.join(rel).join(&name), dest.join(&name)) {
+            if e.kind() != std::io::ErrorKind::AlreadyExists && matches!(how, Link::Publish) {
+                tracing::debug!(error = %e, file = ?name, "cannot publish a compiled kernel");
             }
         }
     }
@@ -179,6 +230,39 @@ mod tests {
         assert!(!cpu(&shared).join("B.cpp").exists());
         // A second publish finds them there and changes nothing.
         copy_libraries(&private, &shared, Link::Publish);
+        fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn cuda_ptx_and_its_kernel_names_are_linked_nested_ones_too() {
+        let dir = std::env::temp_dir().join(format!("mlxcel-ptx-test-{}", std::process::id()));
+        let (shared, private) = (dir.join("shared"), dir.join("proc-1"));
+        let ptx = |root: &Path| root.join("mlx").join("0.0.0").join("ptx");
+        // A module of a short name, and one whose long name MLX split into a directory.
+        let nested = ptx(&private).join("a_very_long_module_name_prefix");
+        fs::create_dir_all(&nested).expect("dirs");
+        for (at, stem) in [(ptx(&private), "binary_add"), (nested.clone(), "rest")] {
+            fs::write(at.join(format!("{stem}.ptx")), b"ptx").expect("ptx");
+            fs::write(at.join(format!("{stem}.txt")), b"k\tm").expect("txt");
+            fs::write(at.join(format!("{stem}.cu")), b"src").expect("cu");
+        }
+        copy_libraries(&private, &shared, Link::Publish);
+        let published = ptx(&shared).join("a_very_long_module_name_prefix");
+        for (at, stem) in [(ptx(&shared), "binary_add"), (published, "rest")] {
+            assert_eq!(
+                fs::read(at.join(format!("{stem}.ptx"))).expect("ptx"),
+                b"ptx"
+            );
+            assert!(at.join(format!("{stem}.txt")).exists(), "{stem}.txt");
+            assert!(
+                !at.join(format!("{stem}.cu")).exists(),
+                "sources stay private"
+            );
+        }
+        // A later daemon is seeded with them.
+        let later = dir.join("proc-2");
+        copy_libraries(&shared, &later, Link::Seed);
+        assert!(ptx(&later).join("binary_add.ptx").exists());
         fs::remove_dir_all(&dir).expect("clean up");
     }
 
