@@ -5,7 +5,8 @@
 # daemon's own startup log (backend, warm-up time). Results go to OUT.
 #
 # Usage: gpu_check.sh STAGE OUT
-#   STAGE holds mlx.whl (mlx-cuda-13, the version setup pins), model.gguf (the default model) and
+#   STAGE (scripts/gpu_stage.sh + gpu_unstage.sh make one) holds site/ (MLX unpacked) or mlx.whl
+#   (mlx-cuda-13, the version setup pins), model.gguf (the default model) and
 #   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden` and `daemon_e2e` test executables, as
 #   `cargo test --release --no-run -p mlxcel-daemon --test golden -p mlxcel-tests --test
 #   daemon_e2e` built them). The test kit finds the binaries beside the test executable; the
@@ -21,10 +22,12 @@ BUILT_ROOT="${BUILT_ROOT:-/work/main}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 
-# pip wants the wheel's own file name.
-mkdir -p "$STAGE/wheel"
-cp "$STAGE/mlx.whl" "$STAGE/wheel/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$STAGE/site" "$STAGE"/wheel/*.whl || exit 1
+# MLX already unpacked (scripts/gpu_unstage.sh), or the wheel to install; pip wants its own name.
+if [ ! -d "$STAGE/site/mlx" ]; then
+  mkdir -p "$STAGE/wheel"
+  cp "$STAGE/mlx.whl" "$STAGE/wheel/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$STAGE/site" "$STAGE"/wheel/*.whl || exit 1
+fi
 # The NVIDIA libraries wherever Python's packages are, then the driver's usual places.
 nvidia="$(python3 -c 'import glob, sys; print(":".join(sorted({d for p in sys.path for d in glob.glob(p + "/nvidia/*/lib")})))')"
 export LD_LIBRARY_PATH="$STAGE/site/mlx/lib:$nvidia:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
