@@ -141,7 +141,7 @@ pub fn with_mapped_buffers<T>(f: impl FnOnce() -> T) -> T {
         // Setting the threshold turns glibc's dynamic tuning off, and with it the rise of the
         // trim threshold: left at its 128 KiB default, every free at the top of the heap
         // would hand pages back and the next step fault them in again. Freed memory goes back
-        // when the engine is idle, after a step that ran prefill chunks, or when a slab is
+        // when the engine is idle, after a step of 256 or more prompt tokens, or when a slab is
         // dropped (`trim_freed_memory`).
         libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
     }

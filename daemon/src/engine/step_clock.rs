@@ -3,7 +3,7 @@
 //! slow served decode can be told apart from a slow model, and summed since start
 //! ([`StepTotals`], published with the vitals: `/metrics` and the throughput bench read it).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mlxcel_ipc::proto::daemon::StepTotals;
 
@@ -16,16 +16,16 @@ pub enum Phase {
     Other,
 }
 
-/// Time per phase since the engine last went idle.
+/// Time per phase and work done since the engine started; a busy period is the difference
+/// from the totals at the last report.
 #[derive(Debug, Default)]
 pub struct StepClock {
-    spent: [Duration; 4],
-    decode_steps: u64,
-    decode_rows: u64,
-    prefill_tokens: u64,
-    started: Option<Instant>,
     /// Everything since the engine started.
     totals: StepTotals,
+    /// The totals at the last report.
+    reported: StepTotals,
+    /// When the busy period's first phase began.
+    started: Option<Instant>,
 }
 
 impl StepClock {
@@ -33,9 +33,8 @@ impl StepClock {
     pub fn lap(&mut self, phase: Phase, since: Instant) -> Instant {
         let now = Instant::now();
         self.started.get_or_insert(since);
-        let spent = now.saturating_duration_since(since);
-        self.spent[phase as usize] += spent;
-        let us = u64::try_from(spent.as_micros()).unwrap_or(u64::MAX);
+        let us =
+            u64::try_from(now.saturating_duration_since(since).as_micros()).unwrap_or(u64::MAX);
         let t = &mut self.totals;
         let total = match phase {
             Phase::Prefill => &mut t.prefill_us,
@@ -49,15 +48,12 @@ impl StepClock {
 
     /// Counts one batched decode step of `rows` sequences.
     pub fn decoded(&mut self, rows: usize) {
-        self.decode_steps += 1;
-        self.decode_rows += rows as u64;
         self.totals.decode_steps += 1;
         self.totals.decode_rows += rows as u64;
     }
 
     /// Counts `n` prompt tokens computed.
     pub fn prefilled(&mut self, n: usize) {
-        self.prefill_tokens += n as u64;
         self.totals.prefill_tokens += n as u64;
     }
 
@@ -66,41 +62,36 @@ impl StepClock {
         self.totals
     }
 
-    /// Logs the busy period that just ended, if any, and starts over.
+    /// Logs the busy period that just ended, if it did any work, and starts over.
     pub fn report(&mut self) {
-        let Some(started) = self.started else {
+        let Some(started) = self.started.take() else {
             return;
         };
-        if self.decode_steps == 0 && self.prefill_tokens == 0 {
-            self.start_over();
+        let (now, start) = (
+            self.totals,
+            std::mem::replace(&mut self.reported, self.totals),
+        );
+        let steps = now.decode_steps - start.decode_steps;
+        let prefill_tokens = now.prefill_tokens - start.prefill_tokens;
+        if steps == 0 && prefill_tokens == 0 {
             return;
         }
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let per_step = |d: Duration| ms(d) / self.decode_steps.max(1) as f64;
-        let [prefill, model, sampling, other] = self.spent;
+        let ms = |us: u64| us as f64 / 1e3;
+        let per_step = |us: u64| ms(us) / steps.max(1) as f64;
         tracing::info!(
-            busy_ms = format!("{:.0}", ms(started.elapsed())),
-            prefill_tokens = self.prefill_tokens,
-            prefill_ms = format!("{:.0}", ms(prefill)),
-            decode_steps = self.decode_steps,
+            busy_ms = format!("{:.0}", started.elapsed().as_secs_f64() * 1e3),
+            prefill_tokens,
+            prefill_ms = format!("{:.0}", ms(now.prefill_us - start.prefill_us)),
+            decode_steps = steps,
             mean_batch = format!(
                 "{:.1}",
-                self.decode_rows as f64 / self.decode_steps.max(1) as f64
+                (now.decode_rows - start.decode_rows) as f64 / steps.max(1) as f64
             ),
-            model_ms_per_step = format!("{:.1}", per_step(model)),
-            sampling_ms_per_step = format!("{:.2}", per_step(sampling)),
-            other_ms_per_step = format!("{:.2}", per_step(other)),
+            model_ms_per_step = format!("{:.1}", per_step(now.model_us - start.model_us)),
+            sampling_ms_per_step = format!("{:.2}", per_step(now.sampling_us - start.sampling_us)),
+            other_ms_per_step = format!("{:.2}", per_step(now.other_us - start.other_us)),
             "engine idle: where the busy period went"
         );
-        self.start_over();
-    }
-
-    /// A new busy period; the totals go on.
-    fn start_over(&mut self) {
-        *self = StepClock {
-            totals: self.totals,
-            ..StepClock::default()
-        };
     }
 }
 
