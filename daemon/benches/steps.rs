@@ -103,22 +103,39 @@ fn prompt(seed: &[u32], skip: usize, len: usize) -> Vec<u32> {
     seed.iter().copied().cycle().skip(skip).take(len).collect()
 }
 
-/// One prefill chunk of each length into a fresh sequence, twice: ms of the first and second.
+/// One prefill chunk of each length after `offset` stored tokens of a fresh sequence, twice:
+/// ms of the first and second. On a GPU each new padded shape costs its kernel build once.
 fn prefill_shapes(m: &Model, pool: &mut BlockPool, seed: &[u32]) {
-    for len in [512, 300, 301, 437, 512] {
+    let cases = [
+        (0, 512),
+        (0, 300),
+        (0, 301),
+        (0, 437),
+        (0, 512),
+        (192, 128),
+        (192, 129),
+        (100, 200),
+        (512, 300),
+    ];
+    for (offset, len) in cases {
         let mut ms = Vec::new();
         for run in 0..2 {
             let mut seq = PagedSeq::default();
-            let tokens = prompt(seed, run, len);
+            let tokens = prompt(seed, run, offset + len);
+            if offset > 0 {
+                m.forward(&tokens[..offset], &mut seq.store(pool))
+                    .and_then(|l| l.eval().map_err(Into::into))
+                    .expect("prefill");
+            }
             let t = Instant::now();
-            m.forward(&tokens, &mut seq.store(pool))
+            m.forward(&tokens[offset..], &mut seq.store(pool))
                 .and_then(|l| l.eval().map_err(Into::into))
                 .expect("prefill");
             ms.push(t.elapsed().as_secs_f64() * 1e3);
             seq.free(pool);
         }
         println!(
-            "prefill chunk of {len} tokens: first {:.1} ms, again {:.1} ms ({:.0} tok/s)",
+            "prefill chunk of {len} tokens after {offset}: first {:.1} ms, again {:.1} ms ({:.0} tok/s)",
             ms[0],
             ms[1],
             len as f64 / ms[1] * 1e3

@@ -60,7 +60,9 @@ impl Engine {
         )?;
         tracing::info!(
             warmup_ms = took.as_millis() as u64,
-            "warm-up done: a {}-token prefill chunk and a {}-sequence decode step",
+            "warm-up done: {} prefill chunk shapes (chunks of at most {} tokens) and a \
+             {}-sequence decode step",
+            loaded.model.warm_up_chunks(config.prefill_chunk).len(),
             config.prefill_chunk,
             config.max_running
         );

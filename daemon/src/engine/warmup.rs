@@ -10,7 +10,7 @@ use crate::model::Model;
 use crate::paged::{PagedBatch, PagedSeq};
 use crate::pool::BlockPool;
 
-/// Runs a `prefill_chunk`-token prefill and a decode step of `max_running` sequences, as far as
+/// Runs the prefill chunks the model asks for ([`Model::warm_up_chunks`]) and a decode step of `max_running` sequences, as far as
 /// the pool's ceiling allows; gives every block back. Returns how long it took.
 pub fn run(
     model: &Model,
@@ -23,10 +23,22 @@ pub fn run(
     let blocks = pool.free_blocks() as usize;
     // Ordinary token ids (not special ones), so the pass is like a real prompt's.
     let ids = |n: usize| -> Vec<u32> { (0..n).map(|i| 1000 + (i % 4000) as u32).collect() };
-    let chunk = prefill_chunk.min(blocks.saturating_sub(1) * bt);
-    if chunk > 0 {
+    let room = blocks.saturating_sub(1) * bt;
+    for (offset, tokens) in model.warm_up_chunks(prefill_chunk) {
+        let tokens = tokens.min(room.saturating_sub(offset));
+        if tokens == 0 {
+            continue;
+        }
         let mut seq = PagedSeq::default();
-        let out = model.forward(&ids(chunk), &mut seq.store(pool));
+        let out = prefill(
+            model,
+            pool,
+            &mut seq,
+            &ids(offset + tokens),
+            offset,
+            prefill_chunk,
+        )
+        .and_then(|()| model.forward(&ids(tokens), &mut seq.store(pool)));
         seq.free(pool);
         out?.eval()?;
     }
@@ -55,4 +67,19 @@ pub fn run(
     crate::host_memory::trim_freed_memory();
     crate::jit_cache::publish();
     Ok(started.elapsed())
+}
+
+/// Stores the first `n` of `ids` in `seq`, `chunk` tokens at a time, as the scheduler would.
+fn prefill(
+    model: &Model,
+    pool: &mut BlockPool,
+    seq: &mut PagedSeq,
+    ids: &[u32],
+    n: usize,
+    chunk: usize,
+) -> Result<()> {
+    for piece in ids[..n].chunks(chunk.max(1)) {
+        model.forward(piece, &mut seq.store(pool))?.eval()?;
+    }
+    Ok(())
 }

@@ -9,6 +9,7 @@ use super::attention::{
 };
 use super::config::ModelConfig;
 use super::fast_exp;
+use super::fused_prefill;
 use super::rotary::{Angles, Rotary};
 use super::span_attention;
 use super::weights::{Linear, Weights};
@@ -137,6 +138,17 @@ impl Model {
         layers + self.norm.nbytes() + self.lm_head.nbytes()
     }
 
+    /// What a warm-up prefills so that serving chunks of at most `chunk` tokens meets no shape
+    /// it has not run: `(offset, tokens)` chunks. On a GPU every padded shape of a short prompt
+    /// (`fused_prefill`), on the CPU (no kernel is built per shape) one chunk.
+    pub fn warm_up_chunks(&self, chunk: usize) -> Vec<(usize, usize)> {
+        if self.placement.gpu {
+            fused_prefill::warm_shapes(chunk)
+        } else {
+            vec![(0, chunk)]
+        }
+    }
+
     /// Runs `tokens` (new positions after what `kv` holds) and returns the logits of the last
     /// position as f32 (`[vocab]`).
     pub fn forward(&self, tokens: &[u32], kv: &mut dyn KvStore) -> Result<Array> {
@@ -163,7 +175,13 @@ impl Model {
             let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
             let spans = kv.append(i, k, v)?;
             let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-            mask.keys = (t > 1 || s > offset + t).then_some((t, offset, s, self.placement.dtype));
+            mask.keys = if self.placement.gpu && t > 1 {
+                // The fused kernel runs a padded shape (see `fused_prefill`).
+                let (tp, sp) = (fused_prefill::query_rows(t), fused_prefill::key_rows(t, s));
+                Some((tp, offset, sp, self.placement.dtype))
+            } else {
+                (t > 1 || s > offset + t).then_some((t, offset, s, self.placement.dtype))
+            };
             let out = self.attend(&q, &spans, &mut mask, offset)?;
             x = ops::add(&x, &layer.o.forward(&out)?)?;
             x = ops::add(&x, &self.mlp(layer, &x)?)?;
@@ -248,9 +266,7 @@ impl Model {
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (hd as f32).sqrt();
         let out = if self.placement.gpu {
-            let (keys, values) = joined(spans)?;
-            let mask = mask.get()?.map(fast::ScaledDotProductAttentionMask::Array);
-            fast::scaled_dot_product_attention(q, &keys, &values, scale, mask, None)?
+            fused_prefill::attend(q, spans, scale, mask.get()?)?
         } else if let Some(out) = span_attention::attend(
             q,
             &[spans.to_vec()],
@@ -345,15 +361,6 @@ impl Model {
 /// keys up to its own last position only, so the scores above the diagonal past that are
 /// neither computed nor exponentiated (a 512-token chunk at offset 0 computes 10/16 of them).
 const CAUSAL_PIECE: i32 = 128;
-
-/// Spans of keys and values joined into one pair (a copy when there are several).
-fn joined(spans: &[(Array, Array)]) -> Result<(Array, Array)> {
-    if let [(k, v)] = spans {
-        return Ok((k.clone(), v.clone()));
-    }
-    let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
-    Ok((ops::concatenate(&ks, 2)?, ops::concatenate(&vs, 2)?))
-}
 
 /// A forward pass's causal mask (`[t, keys]`), built from `keys` (queries, their offset, keys,
 /// dtype; `None`: no mask needed) the first time a path reads it.

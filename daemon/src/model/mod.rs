@@ -14,6 +14,7 @@
 mod attention;
 pub mod config;
 mod fast_exp;
+mod fused_prefill;
 pub mod gguf;
 pub mod gguf_check;
 pub mod llama;
