@@ -213,11 +213,11 @@ mod tests {
             let padded_mask = causal_mask(tp, offset, sp, mlx_rs::Dtype::Float32).expect("mask");
             let got = attend(&q, &spans, 0.3, Some(&padded_mask)).expect("got");
             assert_eq!(got.shape(), want.shape());
-            let diff = ops::abs(&ops::subtract(&got, &want).expect("d"))
+            let diff = ops::abs(ops::subtract(&got, &want).expect("d"))
                 .expect("abs")
                 .max(None)
                 .expect("max")
-                .item::<f32>();
+                .item_exact::<f32>();
             assert!(diff < 1e-5, "{offset}+{t}: {diff}");
         }
     }
