@@ -1,6 +1,7 @@
 //! The Llama-family decoder: RMS norm, GQA attention with RoPE, SwiGLU MLP.
 //! Qwen2 adds biases to q/k/v (picked up from the weights); Qwen3 adds per-head q/k RMS norms.
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype, fast, nn, ops};
 
 use super::attention::{
@@ -156,11 +157,22 @@ impl Model {
         let t = tokens.len() as i32;
         kv.reserve(tokens.len())?;
         let offset = kv.len() as i32;
-        let ids = Array::from_slice(tokens, &[t]);
+        // On a GPU the whole chunk runs a padded row count (`fused_prefill`): kernels are built
+        // per shape there, the attention's and the quantized matmuls' alike. The padding rows
+        // (token 0) come after the real ones, so the causal mask hides them; their K/V is not
+        // stored and their outputs are dropped.
+        let rows = if self.placement.gpu {
+            fused_prefill::query_rows(t)
+        } else {
+            t
+        };
+        let mut padded = tokens.to_vec();
+        padded.resize(rows as usize, 0);
+        let ids = Array::from_slice(&padded, &[rows]);
         let mut x = self
             .embed
             .take_axis(&ids, 0)?
-            .reshape(&[1, t, c.hidden as i32])?;
+            .reshape(&[1, rows, c.hidden as i32])?;
         let rope = if self.placement.gpu {
             Rope::Fused(Offset::Fixed(offset))
         } else {
@@ -173,6 +185,11 @@ impl Model {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let (q, k, v) = self.project(layer, &h)?;
             let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
+            let (k, v) = if rows > t {
+                (k.index((.., .., ..t)), v.index((.., .., ..t)))
+            } else {
+                (k, v)
+            };
             let spans = kv.append(i, k, v)?;
             let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
             mask.keys = if self.placement.gpu && t > 1 {
