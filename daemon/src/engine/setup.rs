@@ -52,18 +52,19 @@ impl Engine {
             )));
         }
         let mut pool = BlockPool::for_device(shape, loaded.model.placement.gpu)?;
-        let took = super::warmup::run(
+        let warmed = super::warmup::run(
             &loaded.model,
             &mut pool,
             config.prefill_chunk,
             config.max_running,
         )?;
         tracing::info!(
-            warmup_ms = took.as_millis() as u64,
-            "warm-up done: {} prefill chunk shapes (chunks of at most {} tokens) and a \
-             {}-sequence decode step",
-            loaded.model.warm_up_chunks(config.prefill_chunk).len(),
+            warmup_ms = warmed.took.as_millis() as u64,
+            "warm-up done: {} prefill chunk sizes (at most {} tokens), {} attention shapes of \
+             their own, and a {}-sequence decode step",
+            warmed.chunks,
             config.prefill_chunk,
+            warmed.attention_shapes,
             config.max_running
         );
         let geometry = Geometry {

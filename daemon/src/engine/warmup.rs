@@ -1,7 +1,8 @@
-//! Warm-up: before the daemon listens, it runs the shapes the scheduler will use (one prefill
-//! chunk, one batched decode step at the largest batch) so no user waits on first-use costs
-//! (kernel compilation on a GPU; BLAS work buffers and page faults on the CPU), and so the
-//! memory an idle daemon holds is what it holds after serving, not less.
+//! Warm-up: before the daemon listens, it runs the shapes the scheduler will use (prefill chunks:
+//! on a GPU every padded row count and every attention shape up to a long context, on the CPU one
+//! chunk; one batched decode step at the largest batch) so no user waits on first-use costs
+//! (kernel builds on a GPU; BLAS work buffers and page faults on the CPU), and so the memory an
+//! idle daemon holds is what it holds after serving, not less.
 
 use std::time::{Duration, Instant};
 
@@ -10,38 +11,43 @@ use crate::model::Model;
 use crate::paged::{PagedBatch, PagedSeq};
 use crate::pool::BlockPool;
 
-/// Runs the prefill chunks the model asks for ([`Model::warm_up_chunks`]) and a decode step of `max_running` sequences, as far as
-/// the pool's ceiling allows; gives every block back. Returns how long it took.
+/// What a warm-up ran.
+#[derive(Debug, Clone, Copy)]
+pub struct Warmed {
+    pub took: Duration,
+    /// Prefill chunks run through the model.
+    pub chunks: usize,
+    /// Attention shapes built on their own (a GPU's).
+    pub attention_shapes: usize,
+}
+
+/// Runs the prefill chunks the model asks for ([`Model::warm_up_chunks`],
+/// [`Model::warm_up_attention`]) and a decode step of `max_running` sequences, as far as the
+/// pool's ceiling allows; gives every block back.
 pub fn run(
     model: &Model,
     pool: &mut BlockPool,
     prefill_chunk: usize,
     max_running: usize,
-) -> Result<Duration> {
+) -> Result<Warmed> {
     let started = Instant::now();
     let bt = pool.shape().block_tokens;
     let blocks = pool.free_blocks() as usize;
     // Ordinary token ids (not special ones), so the pass is like a real prompt's.
     let ids = |n: usize| -> Vec<u32> { (0..n).map(|i| 1000 + (i % 4000) as u32).collect() };
     let room = blocks.saturating_sub(1) * bt;
-    for (offset, tokens) in model.warm_up_chunks(prefill_chunk) {
-        let tokens = tokens.min(room.saturating_sub(offset));
+    let chunks = model.warm_up_chunks(prefill_chunk);
+    for &tokens in &chunks {
+        let tokens = tokens.min(room);
         if tokens == 0 {
             continue;
         }
         let mut seq = PagedSeq::default();
-        let out = prefill(
-            model,
-            pool,
-            &mut seq,
-            &ids(offset + tokens),
-            offset,
-            prefill_chunk,
-        )
-        .and_then(|()| model.forward(&ids(tokens), &mut seq.store(pool)));
+        let out = model.forward(&ids(tokens), &mut seq.store(pool));
         seq.free(pool);
         out?.eval()?;
     }
+    let attention_shapes = model.warm_up_attention(prefill_chunk, room)?;
     let batch = max_running.min(pool.free_blocks() as usize);
     if batch > 0 {
         let mut seqs: Vec<PagedSeq> = (0..batch).map(|_| PagedSeq::default()).collect();
@@ -66,20 +72,9 @@ pub fn run(
     mlx_rs::memory::clear_cache()?;
     crate::host_memory::trim_freed_memory();
     crate::jit_cache::publish();
-    Ok(started.elapsed())
-}
-
-/// Stores the first `n` of `ids` in `seq`, `chunk` tokens at a time, as the scheduler would.
-fn prefill(
-    model: &Model,
-    pool: &mut BlockPool,
-    seq: &mut PagedSeq,
-    ids: &[u32],
-    n: usize,
-    chunk: usize,
-) -> Result<()> {
-    for piece in ids[..n].chunks(chunk.max(1)) {
-        model.forward(piece, &mut seq.store(pool))?.eval()?;
-    }
-    Ok(())
+    Ok(Warmed {
+        took: started.elapsed(),
+        chunks: chunks.len(),
+        attention_shapes,
+    })
 }

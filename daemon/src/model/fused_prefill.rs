@@ -23,11 +23,20 @@ const MIN_QUERY_ROWS: i32 = 16;
 /// Beyond this many query rows a chunk is padded to a multiple of it, not a power of two.
 const MAX_POWER_ROWS: i32 = 512;
 
-/// Keys are padded to a multiple of this many rows.
-pub(super) const KEY_STEP: i32 = 256;
+/// Up to this many keys every padded (queries, keys) shape has its own kernel; beyond it the
+/// attention's queries are padded to at least [`MAX_POWER_ROWS`] rows (zero rows cost little
+/// there), so that long contexts add one shape per key bucket, not one per row count too.
+const SHORT_KEYS: i32 = 1024;
 
-/// Query rows a chunk of `t` tokens is padded to (`t` itself for one token: a decode-shaped
-/// query takes the kernel's vector path, built once).
+/// Up to [`SHORT_KEYS`] keys are padded to a multiple of this many rows; beyond, to two
+/// buckets per doubling (1536, 2048, 3072, 4096, 6144, ...).
+const KEY_STEP: i32 = 256;
+
+/// The most keys a warm-up builds shapes for; longer contexts build theirs on first use.
+pub const WARM_KEYS: usize = 16384;
+
+/// Rows a chunk of `t` tokens runs as (`t` itself for one token: a decode-shaped query takes
+/// the kernel's vector path, built once).
 pub(super) fn query_rows(t: i32) -> i32 {
     if t <= 1 {
         t
@@ -38,44 +47,73 @@ pub(super) fn query_rows(t: i32) -> i32 {
     }
 }
 
-/// Key rows `s` keys are padded to (none for a one-token query, see [`query_rows`]).
+/// Key rows the attention of `t` queries over `s` keys reads (`s` itself for one query).
 pub(super) fn key_rows(t: i32, s: i32) -> i32 {
-    if t <= 1 { s } else { round_up(s, KEY_STEP) }
+    if t <= 1 {
+        s
+    } else if s <= SHORT_KEYS {
+        round_up(s, KEY_STEP)
+    } else {
+        let octave = 1 << (31 - (s - 1).leading_zeros());
+        round_up(s, octave / 2)
+    }
 }
 
-/// What a warm-up prefills so that serving chunks of at most `chunk` tokens over at most twice
-/// that many keys meets no shape it has not run: `(offset, tokens)` pairs, each a chunk of
-/// `tokens` after `offset` stored ones, one per padded (queries, keys) shape. Longer contexts
-/// build their shapes on first use (a few per 256 keys, once per process).
-pub fn warm_shapes(chunk: usize) -> Vec<(usize, usize)> {
+/// Query rows the attention of `t` queries over `s` keys runs.
+pub(super) fn attention_rows(t: i32, s: i32) -> i32 {
+    let rows = query_rows(t);
+    if rows > 1 && key_rows(t, s) > SHORT_KEYS {
+        rows.max(MAX_POWER_ROWS)
+    } else {
+        rows
+    }
+}
+
+/// The chunk sizes a warm-up runs through the whole model so that every row count a chunk of at
+/// most `chunk` tokens runs as is built: one per [`query_rows`] bucket.
+pub fn row_shapes(chunk: usize) -> Vec<usize> {
     let chunk = chunk.max(1) as i32;
-    let queries: std::collections::BTreeSet<i32> = (1..=chunk).map(query_rows).collect();
-    let mut out = Vec::new();
-    let mut keys = KEY_STEP;
-    while keys <= round_up(2 * chunk, KEY_STEP) {
-        for &t in queries.iter().filter(|&&t| t > 1) {
-            // Queries and keys both padded (fewer rows than the shape) like most served chunks.
-            let tokens = (t - 1).min(chunk).min(keys - 1);
-            if tokens >= fewest_rows(t) {
-                out.push(((keys - 1 - tokens) as usize, tokens as usize));
+    let mut by_rows = std::collections::BTreeMap::new();
+    for t in (1..=chunk).rev() {
+        by_rows.entry(query_rows(t)).or_insert(t as usize);
+    }
+    by_rows.into_values().collect()
+}
+
+/// Every (attention rows, key rows) shape chunks of at most `chunk` tokens over at most
+/// `max_keys` keys run, for a warm-up to build.
+pub(super) fn attention_shapes(chunk: usize, max_keys: usize) -> Vec<(i32, i32)> {
+    let rows: std::collections::BTreeSet<i32> = row_shapes(chunk)
+        .into_iter()
+        .map(|t| query_rows(t as i32))
+        .filter(|&r| r > 1)
+        .collect();
+    let mut shapes = std::collections::BTreeSet::new();
+    let mut s = 2;
+    loop {
+        let keys = key_rows(2, s);
+        for &r in &rows {
+            // A chunk that runs as r rows has at least fewest_tokens(r) keys.
+            if fewest_tokens(r) <= keys {
+                shapes.insert((attention_rows(r, keys), keys));
             }
         }
-        keys += KEY_STEP;
+        if keys >= max_keys as i32 {
+            break;
+        }
+        s = keys + 1;
     }
-    if out.is_empty() {
-        out.push((0, chunk as usize));
-    }
-    out
+    shapes.into_iter().collect()
 }
 
-/// The fewest tokens (two or more) whose queries pad to `t` rows.
-fn fewest_rows(t: i32) -> i32 {
-    if t <= MIN_QUERY_ROWS {
+/// The fewest tokens (two or more) that run as `rows` rows.
+fn fewest_tokens(rows: i32) -> i32 {
+    if rows <= MIN_QUERY_ROWS {
         2
-    } else if t <= MAX_POWER_ROWS {
-        t / 2 + 1
+    } else if rows <= MAX_POWER_ROWS {
+        rows / 2 + 1
     } else {
-        t - MAX_POWER_ROWS + 1
+        rows - MAX_POWER_ROWS + 1
     }
 }
 
@@ -83,10 +121,28 @@ fn round_up(x: i32, step: i32) -> i32 {
     (x + step - 1) / step * step
 }
 
+/// Runs the fused attention once at each of `shapes` (zeros, `heads` / `kv_heads` of
+/// `head_dim`, in `dtype`) so that its kernels are built before a user needs them.
+pub(super) fn warm(
+    shapes: &[(i32, i32)],
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    dtype: mlx_rs::Dtype,
+) -> Result<()> {
+    for &(rows, keys) in shapes {
+        let q = ops::zeros_dtype(&[1, heads, rows, head_dim], dtype)?;
+        let k = ops::zeros_dtype(&[1, kv_heads, keys, head_dim], dtype)?;
+        let mask = super::attention::causal_mask(rows, (keys - rows).max(0), keys, dtype)?;
+        attend(&q, &[(k.clone(), k)], 1.0, Some(&mask))?.eval()?;
+    }
+    Ok(())
+}
+
 /// Attention of one sequence's `t` queries (`[1, heads, t, head_dim]`, positions
 /// `offset..offset + t`) over the keys and values in `spans` through the fused kernel, with
-/// queries and keys padded to [`query_rows`] and [`key_rows`]. `mask` is the causal mask of
-/// the padded shape (`[query_rows, key_rows]`; `None` only for one query over exactly its
+/// queries and keys padded to [`attention_rows`] and [`key_rows`]. `mask` is the causal mask
+/// of the padded shape (`[attention_rows, key_rows]`; `None` only for one query over exactly its
 /// keys). Returns `[1, heads, t, head_dim]`.
 pub(super) fn attend(
     q: &Array,
@@ -96,7 +152,7 @@ pub(super) fn attend(
 ) -> Result<Array> {
     let t = q.shape()[2];
     let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-    let (tp, sp) = (query_rows(t), key_rows(t, s));
+    let (tp, sp) = (attention_rows(t, s), key_rows(t, s));
     let q = padded(std::slice::from_ref(q), tp)?;
     let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
     let (k, v) = (padded(&ks, sp)?, padded(&vs, sp)?);
@@ -145,36 +201,39 @@ mod tests {
     }
 
     #[test]
-    fn keys_pad_to_steps_but_not_for_one_query() {
+    fn keys_pad_to_steps_then_to_two_buckets_a_doubling() {
         assert_eq!(key_rows(1, 37), 37);
-        assert_eq!(key_rows(300, 300), 256 * 2);
+        assert_eq!(key_rows(300, 300), 512);
+        assert_eq!(key_rows(2, 1024), 1024);
+        assert_eq!(key_rows(2, 1025), 1536);
+        assert_eq!(key_rows(2, 2049), 3072);
         assert_eq!(key_rows(64, 4096), 4096);
-        assert_eq!(key_rows(64, 4097), 4096 + 256);
+        assert_eq!(key_rows(64, 4097), 6144);
+        assert_eq!(key_rows(64, 6145), 8192);
+        assert_eq!(attention_rows(16, 300), 16);
+        assert_eq!(attention_rows(16, 1500), 512);
+        assert_eq!(attention_rows(700, 3000), 1024);
+        assert_eq!(attention_rows(1, 3000), 1);
     }
 
     #[test]
-    fn warm_up_covers_every_shape_of_short_prompts() {
-        for chunk in [1usize, 7, 100, 512, 700] {
-            let warmed: std::collections::BTreeSet<(i32, i32)> = warm_shapes(chunk)
-                .into_iter()
-                .map(|(o, t)| {
-                    assert!(t <= chunk.max(2), "{chunk}: a warm-up chunk of {t}");
-                    let (o, t) = (o as i32, t as i32);
-                    (query_rows(t), key_rows(t, o + t))
-                })
-                .collect();
-            let limit = 2 * chunk as i32;
-            for offset in 0..limit {
-                for t in 2..=(chunk as i32).min(limit - offset) {
-                    let shape = (query_rows(t), key_rows(t, offset + t));
-                    assert!(
-                        warmed.contains(&shape),
-                        "{chunk}: {offset}+{t} -> {shape:?}"
-                    );
+    fn warm_up_covers_every_shape_up_to_its_keys() {
+        assert_eq!(row_shapes(512), vec![1, 16, 32, 64, 128, 256, 512]);
+        assert_eq!(row_shapes(100), vec![1, 16, 32, 64, 100]);
+        // 23 shapes up to 1024 keys, then one per key bucket up to 16k.
+        assert_eq!(attention_shapes(512, WARM_KEYS).len(), 23 + 8);
+        for chunk in [7usize, 100, 512, 700] {
+            for max_keys in [900usize, 5000] {
+                let warmed: std::collections::BTreeSet<(i32, i32)> =
+                    attention_shapes(chunk, max_keys).into_iter().collect();
+                for s in 2..=max_keys as i32 {
+                    for t in (2..=(chunk as i32).min(s)).step_by(3) {
+                        let shape = (attention_rows(t, s), key_rows(t, s));
+                        assert!(warmed.contains(&shape), "{chunk}/{max_keys}: {t} of {s}");
+                    }
                 }
             }
         }
-        assert_eq!(warm_shapes(512).len(), 5 + 6 + 6 + 6);
     }
 
     /// The padded shape gives every real query the attention of the unpadded one (on any
@@ -184,7 +243,7 @@ mod tests {
         use crate::model::attention::causal_mask;
         let r = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, None).expect("r");
         let (heads, kv_heads, hd) = (4, 2, 8);
-        for (offset, t) in [(0, 5), (0, 16), (37, 20), (250, 9), (300, 300)] {
+        for (offset, t) in [(0, 5), (0, 16), (37, 20), (250, 9), (300, 300), (1100, 40)] {
             let s = offset + t;
             let q = r(&[1, heads, t, hd]);
             // Two spans, as the pool hands them out.
@@ -211,7 +270,7 @@ mod tests {
                 None,
             )
             .expect("want");
-            let (tp, sp) = (query_rows(t), key_rows(t, s));
+            let (tp, sp) = (attention_rows(t, s), key_rows(t, s));
             let padded_mask = causal_mask(tp, offset, sp, mlx_rs::Dtype::Float32).expect("mask");
             let got = attend(&q, &spans, 0.3, Some(&padded_mask)).expect("got");
             assert_eq!(got.shape(), want.shape());

@@ -139,15 +139,35 @@ impl Model {
         layers + self.norm.nbytes() + self.lm_head.nbytes()
     }
 
-    /// What a warm-up prefills so that serving chunks of at most `chunk` tokens meets no shape
-    /// it has not run: `(offset, tokens)` chunks. On a GPU every padded shape of a short prompt
-    /// (`fused_prefill`), on the CPU (no kernel is built per shape) one chunk.
-    pub fn warm_up_chunks(&self, chunk: usize) -> Vec<(usize, usize)> {
+    /// The chunk sizes a warm-up runs through the model so that serving chunks of at most
+    /// `chunk` tokens meets no row count it has not run: on a GPU one per padded row count
+    /// (`fused_prefill`), on the CPU (no kernel is built per shape) the chunk itself.
+    pub fn warm_up_chunks(&self, chunk: usize) -> Vec<usize> {
         if self.placement.gpu {
-            fused_prefill::warm_shapes(chunk)
+            fused_prefill::row_shapes(chunk)
         } else {
-            vec![(0, chunk)]
+            vec![chunk]
         }
+    }
+
+    /// On a GPU, builds the fused attention's kernels for every shape chunks of at most `chunk`
+    /// tokens take over at most `max_keys` keys (capped at `fused_prefill::WARM_KEYS`); how
+    /// many. Nothing on the CPU.
+    pub fn warm_up_attention(&self, chunk: usize, max_keys: usize) -> Result<usize> {
+        if !self.placement.gpu {
+            return Ok(0);
+        }
+        let c = &self.config;
+        let keys = max_keys.min(c.context_length).min(fused_prefill::WARM_KEYS);
+        let shapes = fused_prefill::attention_shapes(chunk, keys);
+        fused_prefill::warm(
+            &shapes,
+            c.heads as i32,
+            c.kv_heads as i32,
+            c.head_dim as i32,
+            self.placement.dtype,
+        )?;
+        Ok(shapes.len())
     }
 
     /// Runs `tokens` (new positions after what `kv` holds) and returns the logits of the last
@@ -194,7 +214,10 @@ impl Model {
             let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
             mask.keys = if self.placement.gpu && t > 1 {
                 // The fused kernel runs a padded shape (see `fused_prefill`).
-                let (tp, sp) = (fused_prefill::query_rows(t), fused_prefill::key_rows(t, s));
+                let (tp, sp) = (
+                    fused_prefill::attention_rows(t, s),
+                    fused_prefill::key_rows(t, s),
+                );
                 Some((tp, offset, sp, self.placement.dtype))
             } else {
                 (t > 1 || s > offset + t).then_some((t, offset, s, self.placement.dtype))
