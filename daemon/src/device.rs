@@ -101,6 +101,19 @@ impl Placement {
         Ok(placement)
     }
 
+    /// The GPU's formulation (fused kernels, padded prefill shapes) run on the CPU in f32:
+    /// MLX's reference implementations of the fused ops. For tests that check the GPU path's
+    /// logic where there is no GPU (CI); slow, never chosen by the daemon.
+    pub fn gpu_formulation_on_cpu() -> Self {
+        Device::set_default(&Device::cpu());
+        Placement {
+            backend: Backend::Cpu,
+            gpu: true,
+            dtype: Dtype::Float32,
+            keep_quantized: false,
+        }
+    }
+
     /// A human-readable name ("metal gpu, Float16" / "cpu, Float32").
     pub fn describe(&self) -> String {
         format!("{}, {:?}", self.backend, self.dtype)

@@ -39,7 +39,7 @@ pub mod sampling_defaults;
 pub mod server;
 pub mod tokenizer;
 
-pub use loader::{Loaded, load, load_on};
+pub use loader::{Loaded, load, load_on, load_placed};
 mod loader;
 
 pub mod error;

@@ -25,8 +25,13 @@ pub fn load(path: &Path) -> Result<Loaded> {
 
 /// Loads the model at `path` onto the device `choice` asks for ([`Placement::choose`]).
 pub fn load_on(path: &Path, choice: DeviceChoice) -> Result<Loaded> {
-    let started = Instant::now();
     let placement = Placement::choose(choice).map_err(EngineError::Request)?;
+    load_placed(path, placement)
+}
+
+/// Loads the model at `path` with `placement` (its device already MLX's default).
+pub fn load_placed(path: &Path, placement: Placement) -> Result<Loaded> {
+    let started = Instant::now();
     let shown = path.display().to_string();
     let is_gguf = path
         .extension()
