@@ -116,6 +116,8 @@ fn prefill_shapes(m: &Model, pool: &mut BlockPool, seed: &[u32]) {
         (192, 129),
         (100, 200),
         (512, 300),
+        (3584, 512),
+        (4000, 100),
     ];
     for (offset, len) in cases {
         let mut ms = Vec::new();

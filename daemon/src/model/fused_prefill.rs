@@ -15,6 +15,7 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, fast, ops};
 
+use super::llama::Model;
 use crate::Result;
 
 /// The fewest query rows a padded chunk has.
@@ -137,6 +138,39 @@ pub(super) fn warm(
         attend(&q, &[(k.clone(), k)], 1.0, Some(&mask))?.eval()?;
     }
     Ok(())
+}
+
+impl Model {
+    /// The chunk sizes a warm-up runs through the model so that serving chunks of at most
+    /// `chunk` tokens meets no row count it has not run: on a GPU one per padded row count
+    /// (`fused_prefill`), on the CPU (no kernel is built per shape) the chunk itself.
+    pub fn warm_up_chunks(&self, chunk: usize) -> Vec<usize> {
+        if self.placement.gpu {
+            row_shapes(chunk)
+        } else {
+            vec![chunk]
+        }
+    }
+
+    /// On a GPU, builds the fused attention's kernels for every shape chunks of at most `chunk`
+    /// tokens take over at most `max_keys` keys (capped at `WARM_KEYS`); how
+    /// many. Nothing on the CPU.
+    pub fn warm_up_attention(&self, chunk: usize, max_keys: usize) -> Result<usize> {
+        if !self.placement.gpu {
+            return Ok(0);
+        }
+        let c = &self.config;
+        let keys = max_keys.min(c.context_length).min(WARM_KEYS);
+        let shapes = attention_shapes(chunk, keys);
+        warm(
+            &shapes,
+            c.heads as i32,
+            c.kv_heads as i32,
+            c.head_dim as i32,
+            self.placement.dtype,
+        )?;
+        Ok(shapes.len())
+    }
 }
 
 /// Attention of one sequence's `t` queries (`[1, heads, t, head_dim]`, positions

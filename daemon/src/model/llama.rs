@@ -139,37 +139,6 @@ impl Model {
         layers + self.norm.nbytes() + self.lm_head.nbytes()
     }
 
-    /// The chunk sizes a warm-up runs through the model so that serving chunks of at most
-    /// `chunk` tokens meets no row count it has not run: on a GPU one per padded row count
-    /// (`fused_prefill`), on the CPU (no kernel is built per shape) the chunk itself.
-    pub fn warm_up_chunks(&self, chunk: usize) -> Vec<usize> {
-        if self.placement.gpu {
-            fused_prefill::row_shapes(chunk)
-        } else {
-            vec![chunk]
-        }
-    }
-
-    /// On a GPU, builds the fused attention's kernels for every shape chunks of at most `chunk`
-    /// tokens take over at most `max_keys` keys (capped at `fused_prefill::WARM_KEYS`); how
-    /// many. Nothing on the CPU.
-    pub fn warm_up_attention(&self, chunk: usize, max_keys: usize) -> Result<usize> {
-        if !self.placement.gpu {
-            return Ok(0);
-        }
-        let c = &self.config;
-        let keys = max_keys.min(c.context_length).min(fused_prefill::WARM_KEYS);
-        let shapes = fused_prefill::attention_shapes(chunk, keys);
-        fused_prefill::warm(
-            &shapes,
-            c.heads as i32,
-            c.kv_heads as i32,
-            c.head_dim as i32,
-            self.placement.dtype,
-        )?;
-        Ok(shapes.len())
-    }
-
     /// Runs `tokens` (new positions after what `kv` holds) and returns the logits of the last
     /// position as f32 (`[vocab]`).
     pub fn forward(&self, tokens: &[u32], kv: &mut dyn KvStore) -> Result<Array> {
