@@ -6,12 +6,14 @@
 //! - Prefill: one chunk of each of a few prompt lengths into a fresh sequence, twice each. The
 //!   first run of a shape may pay for compiling kernels or building a library's plans for it.
 //! - Decode: `B` sequences of `context` tokens each (distinct prompts), then batched decode
-//!   steps; ms per step (median and best) and tok/s. On a GPU, then the K/V path of those steps
+//!   steps; ms per step (median and best) and tok/s, and again with MLX's buffer cache cleared
+//!   before each step (as the engine does after a prefill step). On a GPU, then the K/V path of those steps
 //!   alone: every layer's write of the new rows and read of the keys (the CPU reads in place).
 //!
 //! Settings (environment): `MLXCEL_BENCH_MODEL` (a GGUF file or a safetensors directory;
-//! default: the default model), `MLXCEL_BENCH_CASES` (decode cases as `BxCONTEXT`, comma
-//! separated; default `1x200,8x200,32x200,1x4096,8x4096`), `MLXCEL_BENCH_STEPS` (default 20),
+//! default: the default model), `MLXCEL_BENCH_CASES` (decode cases as `BxCONTEXT` or
+//! `BxLO-HI`, contexts spread over LO..HI as a served batch's are, comma separated; default
+//! `1x200,8x200,32x200,32x200-700,1x4096,8x4096`), `MLXCEL_BENCH_STEPS` (default 20),
 //! `MLXCEL_BENCH_POOL_BYTES` (the pool's ceiling; default: what the cases need).
 
 use std::path::PathBuf;
@@ -34,12 +36,13 @@ fn main() {
         },
         PathBuf::from,
     );
-    let cases: Vec<(usize, usize)> = std::env::var("MLXCEL_BENCH_CASES")
-        .unwrap_or_else(|_| "1x200,8x200,32x200,1x4096,8x4096".into())
+    let cases: Vec<(usize, usize, usize)> = std::env::var("MLXCEL_BENCH_CASES")
+        .unwrap_or_else(|_| "1x200,8x200,32x200,32x200-700,1x4096,8x4096".into())
         .split(',')
         .filter_map(|c| {
             let (b, ctx) = c.trim().split_once('x')?;
-            Some((b.parse().ok()?, ctx.parse().ok()?))
+            let (lo, hi) = ctx.split_once('-').unwrap_or((ctx, ctx));
+            Some((b.parse().ok()?, lo.parse().ok()?, hi.parse().ok()?))
         })
         .collect();
     let steps: usize = std::env::var("MLXCEL_BENCH_STEPS")
@@ -64,11 +67,15 @@ fn main() {
         .text
         .encode("The quick brown fox jumps over the lazy dog. ")
         .expect("encode");
-    let most = cases.iter().map(|&(b, c)| b * (c + steps + 2)).max();
-    let mut pool = pool_for(m, most.unwrap_or(1024).max(1024));
+    let most = cases
+        .iter()
+        .map(|&(b, _, hi)| b * (hi + b + 2 * steps + 2))
+        .max();
+    // The prefill cases need one sequence of up to ~4.1k tokens.
+    let mut pool = pool_for(m, most.unwrap_or(0).max(4608));
     prefill_shapes(m, &mut pool, &seed);
-    for (b, context) in cases {
-        decode_steps(m, &mut pool, &seed, b, context, steps);
+    for (b, lo, hi) in cases {
+        decode_steps(m, &mut pool, &seed, b, (lo, hi), steps);
     }
 }
 
@@ -124,8 +131,8 @@ fn prefill_shapes(m: &Model, pool: &mut BlockPool, seed: &[u32]) {
         for run in 0..2 {
             let mut seq = PagedSeq::default();
             let tokens = prompt(seed, run, offset + len);
-            if offset > 0 {
-                m.forward(&tokens[..offset], &mut seq.store(pool))
+            for piece in tokens[..offset].chunks(512) {
+                m.forward(piece, &mut seq.store(pool))
                     .and_then(|l| l.eval().map_err(Into::into))
                     .expect("prefill");
             }
@@ -151,13 +158,15 @@ fn decode_steps(
     pool: &mut BlockPool,
     seed: &[u32],
     b: usize,
-    context: usize,
+    (lo, hi): (usize, usize),
     steps: usize,
 ) {
     let mut seqs: Vec<PagedSeq> = (0..b).map(|_| PagedSeq::default()).collect();
     let t = Instant::now();
     for (i, seq) in seqs.iter_mut().enumerate() {
-        let tokens = prompt(seed, i, context + i);
+        // Lengths spread evenly over lo..=hi (and all distinct), as a served batch's are.
+        let len = lo + (hi - lo) * i / b.saturating_sub(1).max(1) + i;
+        let tokens = prompt(seed, i, len);
         for chunk in tokens.chunks(512) {
             m.forward(chunk, &mut seq.store(pool))
                 .and_then(|l| l.eval().map_err(Into::into))
@@ -165,25 +174,38 @@ fn decode_steps(
         }
     }
     let prefill_s = t.elapsed().as_secs_f64();
+    let context = if lo == hi {
+        format!("~{lo}")
+    } else {
+        format!("{lo}-{hi}")
+    };
     let tokens: Vec<u32> = (0..b).map(|i| seed[i % seed.len()]).collect();
-    let mut times = Vec::with_capacity(steps);
-    for step in 0..=steps {
+    let mut step = |clear: bool| -> f64 {
+        if clear {
+            mlx_rs::memory::clear_cache().expect("clear the cache");
+        }
         let t = Instant::now();
-        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
+        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), &mut *pool);
         m.forward_batch(&tokens, &mut kv)
             .and_then(|l| l.eval().map_err(Into::into))
             .expect("batched step");
-        if step > 0 {
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-    }
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    step(false);
+    let mut times: Vec<f64> = (0..steps).map(|_| step(false)).collect();
+    // The engine clears MLX's buffer cache after each prefill step of 256 tokens or more; at
+    // many clients most decode steps follow one.
+    let mut cleared: Vec<f64> = (0..steps).map(|_| step(true)).collect();
     times.sort_by(f64::total_cmp);
+    cleared.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     println!(
-        "decode B={b} at ~{context} tokens: median {median:.2} ms/step, best {:.2} = {:.0} tok/s \
-         ({steps} steps; the prompts' prefill {prefill_s:.1} s)",
+        "decode B={b} at {context} tokens: median {median:.2} ms/step, best {:.2} = {:.0} tok/s \
+         ({steps} steps; the prompts' prefill {prefill_s:.1} s); after clearing MLX's buffer \
+         cache: median {:.2} ms/step",
         times[0],
-        b as f64 / median * 1e3
+        b as f64 / median * 1e3,
+        cleared[cleared.len() / 2]
     );
     // The CPU's span kernel reads the pool in place: only a GPU step has this path apart.
     if m.placement.gpu {
