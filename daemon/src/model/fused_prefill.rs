@@ -6,8 +6,9 @@
 //! spent most of its prefill building them (the quantized matmuls, too, are built per row
 //! count: a CUDA warm-up of 45 distinct chunk sizes took 221 s on SmolLM2 Q4_1). So a chunk
 //! runs a padded number of rows, a power of two ([`query_rows`], the model pads the tokens), and
-//! its attention reads keys padded with zero rows to a multiple of [`KEY_STEP`] ([`key_rows`]);
-//! the causal mask of the padded shape hides the padding from every real query (a key past a
+//! its attention reads keys padded with zero rows to a few buckets ([`key_rows`]: multiples of
+//! [`KEY_STEP`], then two a doubling, with the queries padded further, [`attention_rows`]); the
+//! causal mask of the padded shape hides the padding from every real query (a key past a
 //! query's position is masked, and every padded key lies past the chunk's last real position).
 //! Padded queries see at least the real keys, so no row is all masked; their outputs are
 //! dropped.
@@ -153,8 +154,8 @@ impl Model {
     }
 
     /// On a GPU, builds the fused attention's kernels for every shape chunks of at most `chunk`
-    /// tokens take over at most `max_keys` keys (capped at `WARM_KEYS`); how
-    /// many. Nothing on the CPU.
+    /// tokens take over at most `max_keys` keys (capped at the context and `WARM_KEYS`), and
+    /// says how many; nothing on the CPU.
     pub fn warm_up_attention(&self, chunk: usize, max_keys: usize) -> Result<usize> {
         if !self.placement.gpu {
             return Ok(0);
@@ -201,13 +202,18 @@ pub(super) fn attend(
 
 /// `parts` (`[1, n, rows_i, d]`) joined along the rows and padded with zero rows to `rows`.
 fn padded(parts: &[Array], rows: i32) -> Result<Array> {
+    let Some(first) = parts.first() else {
+        return Err(crate::EngineError::Internal(
+            "attention over no keys".into(),
+        ));
+    };
     let have: i32 = parts.iter().map(|p| p.shape()[2]).sum();
     let mut all = parts.to_vec();
     if have < rows {
-        let s = parts[0].shape();
+        let s = first.shape();
         all.push(ops::zeros_dtype(
             &[s[0], s[1], rows - have, s[3]],
-            parts[0].dtype(),
+            first.dtype(),
         )?);
     }
     Ok(match all.as_slice() {
