@@ -61,6 +61,11 @@ pub struct Placement {
     pub dtype: Dtype,
     /// Keep quantized weights quantized (GPU) or dequantize them at load (CPU).
     pub keep_quantized: bool,
+    /// Run prefill chunks as a few padded shapes (`model::fused_prefill`): on CUDA, where MLX
+    /// builds kernels per exact shape (a cuDNN graph per attention shape, the quantized matmuls
+    /// per row count). Not on Metal, whose kernels are specialized by alignment only (MLX's
+    /// `align_Q` / `align_K` function constants), so padding would only add work there.
+    pub pads_prefill: bool,
 }
 
 impl Placement {
@@ -84,6 +89,7 @@ impl Placement {
                 gpu: false,
                 dtype: Dtype::Float32,
                 keep_quantized: false,
+                pads_prefill: false,
             }
         } else {
             Placement {
@@ -91,6 +97,7 @@ impl Placement {
                 gpu: true,
                 dtype: Dtype::Float16,
                 keep_quantized: true,
+                pads_prefill: backend == Backend::Cuda,
             }
         };
         Device::set_default(&if placement.gpu {
@@ -101,16 +108,18 @@ impl Placement {
         Ok(placement)
     }
 
-    /// The GPU's formulation (fused kernels, padded prefill shapes) run on the CPU in f32:
-    /// MLX's reference implementations of the fused ops. For tests that check the GPU path's
-    /// logic where there is no GPU (CI); slow, never chosen by the daemon.
-    pub fn gpu_formulation_on_cpu() -> Self {
+    /// A GPU's formulation (fused kernels; with `padded`, CUDA's padded prefill shapes, else
+    /// Metal's exact ones) run on the CPU in f32: MLX's reference implementations of the fused
+    /// ops. For tests that check the GPU paths' logic where there is no GPU (CI); slow, never
+    /// chosen by the daemon.
+    pub fn gpu_formulation_on_cpu(padded: bool) -> Self {
         Device::set_default(&Device::cpu());
         Placement {
             backend: Backend::Cpu,
             gpu: true,
             dtype: Dtype::Float32,
             keep_quantized: false,
+            pads_prefill: padded,
         }
     }
 

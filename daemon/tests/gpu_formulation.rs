@@ -1,5 +1,5 @@
-//! The GPU's formulation of the model (MLX's fused attention and RoPE, prefill chunks padded to a
-//! few shapes: what a Mac or a CUDA machine runs), checked where the suite runs (CI has no GPU)
+//! The GPUs' formulations of the model (MLX's fused attention and RoPE; on CUDA prefill chunks
+//! padded to a few shapes, on Metal exact ones), checked where the suite runs (CI has no GPU)
 //! through MLX's CPU reference of the fused ops, with the default model in f32: greedy tokens
 //! against the float64 reference, and last-position logits equal to the CPU formulation's for
 //! prompts and chunk sizes that pad every way (short and long contexts, chunks that split them).
@@ -22,8 +22,9 @@ fn path() -> std::path::PathBuf {
     path
 }
 
-fn gpu_formulation() -> Loaded {
-    let m = load_placed(&path(), Placement::gpu_formulation_on_cpu()).expect("load");
+/// CUDA's formulation (`padded`) or Metal's.
+fn gpu_formulation(padded: bool) -> Loaded {
+    let m = load_placed(&path(), Placement::gpu_formulation_on_cpu(padded)).expect("load");
     assert!(m.model.placement.gpu);
     m
 }
@@ -42,12 +43,17 @@ fn last_logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
 
 #[test]
 fn greedy_tokens_match_the_float64_reference() {
-    let m = gpu_formulation();
+    // Padded, 16 pads nothing but the last chunk and 7 pads every chunk (7 of 16 rows).
+    for (padded, chunks) in [(true, &[16, 7][..]), (false, &[7][..])] {
+        greedy_tokens(&gpu_formulation(padded), chunks);
+    }
+}
+
+fn greedy_tokens(m: &Loaded, chunks: &[usize]) {
     for chat in fixtures()["chats"].as_array().unwrap() {
         let prompt = ids(&chat["prompt_ids"]);
         let want = ids(&chat["greedy_ids"]);
-        // 16 pads nothing but the last chunk; 7 pads every chunk (7 of 16 rows).
-        for prefill_chunk in [16, 7] {
+        for &prefill_chunk in chunks {
             let mut kv = DenseKv::new(m.model.config.layers);
             let req = GenerateRequest {
                 prompt: prompt.clone(),
@@ -69,17 +75,24 @@ fn greedy_tokens_match_the_float64_reference() {
 
 #[test]
 fn padded_prefill_gives_the_cpu_formulations_logits() {
-    let gpu = gpu_formulation();
     let cpu = load_on(&path(), mlxcel_daemon::device::DeviceChoice::Cpu).expect("load");
     assert!(!cpu.model.placement.gpu);
     let chat = &fixtures()["chats"][0];
     let base = ids(&chat["prompt_ids"]);
     let long: Vec<u32> = base.iter().copied().cycle().take(1100).collect();
     // Short contexts (every shape its own), past 1024 keys (queries padded to 512 rows, keys to
-    // 1536), and chunks that leave a short tail.
-    for (tokens, chunk) in [(&long[..300], 512), (&long[..300], 100), (&long[..], 512)] {
-        let want = last_logits(&cpu.model, tokens, chunk);
-        let got = last_logits(&gpu.model, tokens, chunk);
+    // 1536), and chunks that leave a short tail; Metal's exact shapes on two of them.
+    let cases = [(&long[..300], 512), (&long[..300], 100), (&long[..], 512)];
+    for (padded, cases) in [(true, &cases[..]), (false, &cases[1..])] {
+        let gpu = gpu_formulation(padded);
+        same_logits(&cpu.model, &gpu.model, cases);
+    }
+}
+
+fn same_logits(cpu: &Model, gpu: &Model, cases: &[(&[u32], usize)]) {
+    for &(tokens, chunk) in cases {
+        let want = last_logits(cpu, tokens, chunk);
+        let got = last_logits(gpu, tokens, chunk);
         let worst = want
             .iter()
             .zip(&got)
@@ -90,8 +103,9 @@ fn padded_prefill_gives_the_cpu_formulations_logits() {
             // Measured: at most 5.3e-5 against logits up to 35 (f32, other op orders); a
             // padding row seen by a real query moved them by 3.7.
             worst <= 1e-4 * scale.max(1.0),
-            "{} tokens in chunks of {chunk}: logits differ by {worst} (largest {scale})",
-            tokens.len()
+            "{} tokens in chunks of {chunk}, padded {}: logits differ by {worst} (largest {scale})",
+            tokens.len(),
+            gpu.placement.pads_prefill
         );
     }
 }

@@ -1,8 +1,10 @@
-//! A prefill chunk's attention through MLX's fused kernel (a GPU), padded to a few shapes.
+//! A prefill chunk's attention through MLX's fused kernel (a GPU), on CUDA padded to a few
+//! shapes.
 //!
-//! The fused kernel is built per shape: on CUDA each new (queries, keys) pair builds a cuDNN
-//! graph (measured on an H200: 50-700 ms the first time, ~20 ms after), on Metal each alignment
-//! is its own kernel. Every prompt length would be a new shape, and a burst of distinct prompts
+//! On CUDA the fused kernel is built per shape: each new (queries, keys) pair builds a cuDNN
+//! graph (measured on an H200: 50-700 ms the first time, ~20 ms after). (Metal's kernels are
+//! specialized by alignment only, so Metal runs exact shapes: `Placement::pads_prefill`.) Every
+//! prompt length would be a new shape, and a burst of distinct prompts
 //! spent most of its prefill building them (the quantized matmuls, too, are built per row
 //! count: a CUDA warm-up of 45 distinct chunk sizes took 221 s on SmolLM2 Q4_1). So a chunk
 //! runs a padded number of rows, a power of two ([`query_rows`], the model pads the tokens), and
@@ -136,28 +138,28 @@ pub(super) fn warm(
         let q = ops::zeros_dtype(&[1, heads, rows, head_dim], dtype)?;
         let k = ops::zeros_dtype(&[1, kv_heads, keys, head_dim], dtype)?;
         let mask = super::attention::causal_mask(rows, (keys - rows).max(0), keys, dtype)?;
-        attend(&q, &[(k.clone(), k)], 1.0, Some(&mask))?.eval()?;
+        attend(&q, &[(k.clone(), k)], 1.0, Some(&mask), true)?.eval()?;
     }
     Ok(())
 }
 
 impl Model {
     /// The chunk sizes a warm-up runs through the model so that serving chunks of at most
-    /// `chunk` tokens meets no row count it has not run: on a GPU one per padded row count
-    /// (`fused_prefill`), on the CPU (no kernel is built per shape) the chunk itself.
+    /// `chunk` tokens meets no row count it has not run: where prefill is padded (CUDA) one per
+    /// padded row count, elsewhere (kernels not built per shape) the chunk itself.
     pub fn warm_up_chunks(&self, chunk: usize) -> Vec<usize> {
-        if self.placement.gpu {
+        if self.placement.pads_prefill {
             row_shapes(chunk)
         } else {
             vec![chunk]
         }
     }
 
-    /// On a GPU, builds the fused attention's kernels for every shape chunks of at most `chunk`
-    /// tokens take over at most `max_keys` keys (capped at the context and `WARM_KEYS`), and
-    /// says how many; nothing on the CPU.
+    /// Where prefill is padded (CUDA), builds the fused attention's kernels for every shape
+    /// chunks of at most `chunk` tokens take over at most `max_keys` keys (capped at the context
+    /// and `WARM_KEYS`), and says how many; nothing elsewhere.
     pub fn warm_up_attention(&self, chunk: usize, max_keys: usize) -> Result<usize> {
-        if !self.placement.gpu {
+        if !self.placement.pads_prefill {
             return Ok(0);
         }
         let c = &self.config;
@@ -175,22 +177,28 @@ impl Model {
 }
 
 /// Attention of one sequence's `t` queries (`[1, heads, t, head_dim]`, positions
-/// `offset..offset + t`) over the keys and values in `spans` through the fused kernel, with
-/// queries and keys padded to [`attention_rows`] and [`key_rows`]. `mask` is the causal mask
-/// of the padded shape (`[attention_rows, key_rows]`; `None` only for one query over exactly its
-/// keys). Returns `[1, heads, t, head_dim]`.
+/// `offset..offset + t`) over the keys and values in `spans` through the fused kernel. With
+/// `pad`, queries and keys are padded to [`attention_rows`] and [`key_rows`] and laid out
+/// contiguously; `mask` is the causal mask of that shape (`[attention_rows, key_rows]`, or of
+/// the exact one without `pad`; `None` only for one query over exactly its keys). Returns
+/// `[1, heads, t, head_dim]`.
 pub(super) fn attend(
     q: &Array,
     spans: &[(Array, Array)],
     scale: f32,
     mask: Option<&Array>,
+    pad: bool,
 ) -> Result<Array> {
     let t = q.shape()[2];
     let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-    let (tp, sp) = (attention_rows(t, s), key_rows(t, s));
-    let q = padded(std::slice::from_ref(q), tp)?;
+    let (tp, sp) = if pad {
+        (attention_rows(t, s), key_rows(t, s))
+    } else {
+        (t, s)
+    };
+    let q = padded(std::slice::from_ref(q), tp, pad)?;
     let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
-    let (k, v) = (padded(&ks, sp)?, padded(&vs, sp)?);
+    let (k, v) = (padded(&ks, sp, pad)?, padded(&vs, sp, pad)?);
     let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
     let out = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
     Ok(if tp == t {
@@ -200,8 +208,9 @@ pub(super) fn attend(
     })
 }
 
-/// `parts` (`[1, n, rows_i, d]`) joined along the rows and padded with zero rows to `rows`.
-fn padded(parts: &[Array], rows: i32) -> Result<Array> {
+/// `parts` (`[1, n, rows_i, d]`) joined along the rows and padded with zero rows to `rows`;
+/// with `canonical`, always in a contiguous layout.
+fn padded(parts: &[Array], rows: i32, canonical: bool) -> Result<Array> {
     let Some(first) = parts.first() else {
         return Err(crate::EngineError::Internal(
             "attention over no keys".into(),
@@ -217,8 +226,9 @@ fn padded(parts: &[Array], rows: i32) -> Result<Array> {
         )?);
     }
     Ok(match all.as_slice() {
-        // A canonical layout: the kernel is built per shape and per stride.
-        [one] => one.contiguous()?,
+        // A canonical layout: CUDA's kernel is built per shape and per stride.
+        [one] if canonical => one.contiguous()?,
+        [one] => one.clone(),
         _ => ops::concatenate(&all, 2)?,
     })
 }
@@ -312,7 +322,7 @@ mod tests {
             .expect("want");
             let (tp, sp) = (attention_rows(t, s), key_rows(t, s));
             let padded_mask = causal_mask(tp, offset, sp, mlx_rs::Dtype::Float32).expect("mask");
-            let got = attend(&q, &spans, 0.3, Some(&padded_mask)).expect("got");
+            let got = attend(&q, &spans, 0.3, Some(&padded_mask), true).expect("got");
             assert_eq!(got.shape(), want.shape());
             let diff = ops::abs(ops::subtract(&got, &want).expect("d"))
                 .expect("abs")

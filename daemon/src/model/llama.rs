@@ -146,11 +146,11 @@ impl Model {
         let t = tokens.len() as i32;
         kv.reserve(tokens.len())?;
         let offset = kv.len() as i32;
-        // On a GPU the whole chunk runs a padded row count (`fused_prefill`): kernels are built
+        // On CUDA the whole chunk runs a padded row count (`fused_prefill`): kernels are built
         // per shape there, the attention's and the quantized matmuls' alike. The padding rows
         // (token 0) come after the real ones, so the causal mask hides them; their K/V is not
         // stored and their outputs are dropped.
-        let rows = if self.placement.gpu {
+        let rows = if self.placement.pads_prefill {
             fused_prefill::query_rows(t)
         } else {
             t
@@ -181,7 +181,7 @@ impl Model {
             };
             let spans = kv.append(i, k, v)?;
             let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-            mask.keys = if self.placement.gpu && t > 1 {
+            mask.keys = if self.placement.pads_prefill && t > 1 {
                 // The fused kernel runs a padded shape (see `fused_prefill`).
                 let (tp, sp) = (
                     fused_prefill::attention_rows(t, s),
@@ -275,7 +275,7 @@ impl Model {
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (hd as f32).sqrt();
         let out = if self.placement.gpu {
-            fused_prefill::attend(q, spans, scale, mask.get()?)?
+            fused_prefill::attend(q, spans, scale, mask.get()?, self.placement.pads_prefill)?
         } else if let Some(out) = span_attention::attend(
             q,
             &[spans.to_vec()],
