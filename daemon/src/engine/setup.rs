@@ -58,13 +58,16 @@ impl Engine {
             config.prefill_chunk,
             config.max_running,
         )?;
+        let prefill = match warmed.chunks {
+            1 => format!("a {}-token prefill chunk", config.prefill_chunk),
+            n => format!(
+                "{n} prefill chunk sizes (up to {} tokens) and {} attention shapes",
+                config.prefill_chunk, warmed.attention_shapes
+            ),
+        };
         tracing::info!(
             warmup_ms = warmed.took.as_millis() as u64,
-            "warm-up done: {} prefill chunk sizes (at most {} tokens), {} attention shapes of \
-             their own, and a {}-sequence decode step",
-            warmed.chunks,
-            config.prefill_chunk,
-            warmed.attention_shapes,
+            "warm-up done: {prefill} and a {}-sequence decode step",
             config.max_running
         );
         let geometry = Geometry {
