@@ -155,9 +155,13 @@ impl Model {
         } else {
             t
         };
-        let mut padded = tokens.to_vec();
-        padded.resize(rows as usize, 0);
-        let ids = Array::from_slice(&padded, &[rows]);
+        let ids = if rows > t {
+            let mut padded = tokens.to_vec();
+            padded.resize(rows as usize, 0);
+            Array::from_slice(&padded, &[rows])
+        } else {
+            Array::from_slice(tokens, &[t])
+        };
         let mut x = self
             .embed
             .take_axis(&ids, 0)?
