@@ -12,8 +12,9 @@
 //!
 //! Settings (environment): `MLXCEL_BENCH_MODEL` (a GGUF file or a safetensors directory;
 //! default: the default model), `MLXCEL_BENCH_CASES` (decode cases as `BxCONTEXT` or
-//! `BxLO-HI`, contexts spread over LO..HI as a served batch's are, comma separated; default
-//! `1x200,8x200,32x200,32x200-700,1x4096,8x4096`), `MLXCEL_BENCH_STEPS` (default 20),
+//! `BxLO-HI`, contexts spread over LO..HI as a served batch's are, and an `s` after either for
+//! a pool whose blocks are scattered as after serving many requests, comma separated; default
+//! `1x200,8x200,32x200,32x200-700,1x4096,1x4096s,8x4096`), `MLXCEL_BENCH_STEPS` (default 20),
 //! `MLXCEL_BENCH_POOL_BYTES` (the pool's ceiling; default: what the cases need).
 
 use std::path::PathBuf;
@@ -36,13 +37,22 @@ fn main() {
         },
         PathBuf::from,
     );
-    let cases: Vec<(usize, usize, usize)> = std::env::var("MLXCEL_BENCH_CASES")
-        .unwrap_or_else(|_| "1x200,8x200,32x200,32x200-700,1x4096,8x4096".into())
+    let cases: Vec<Case> = std::env::var("MLXCEL_BENCH_CASES")
+        .unwrap_or_else(|_| "1x200,8x200,32x200,32x200-700,1x4096,1x4096s,8x4096".into())
         .split(',')
         .filter_map(|c| {
             let (b, ctx) = c.trim().split_once('x')?;
+            let (ctx, scattered) = match ctx.strip_suffix('s') {
+                Some(ctx) => (ctx, true),
+                None => (ctx, false),
+            };
             let (lo, hi) = ctx.split_once('-').unwrap_or((ctx, ctx));
-            Some((b.parse().ok()?, lo.parse().ok()?, hi.parse().ok()?))
+            Some(Case {
+                b: b.parse().ok()?,
+                lo: lo.parse().ok()?,
+                hi: hi.parse().ok()?,
+                scattered,
+            })
         })
         .collect();
     let steps: usize = std::env::var("MLXCEL_BENCH_STEPS")
@@ -69,14 +79,23 @@ fn main() {
         .expect("encode");
     let most = cases
         .iter()
-        .map(|&(b, _, hi)| b * (hi + b + 2 * steps + 2))
+        .map(|c| (1 + c.scattered as usize) * c.b * (c.hi + c.b + 2 * steps + 2))
         .max();
     // The prefill cases need one sequence of up to ~4.1k tokens.
     let mut pool = pool_for(m, most.unwrap_or(0).max(4608));
     prefill_shapes(m, &mut pool, &seed);
-    for (b, lo, hi) in cases {
-        decode_steps(m, &mut pool, &seed, b, (lo, hi), steps);
+    for case in cases {
+        decode_steps(m, &mut pool, &seed, &case, steps);
     }
+}
+
+/// A decode case: `b` sequences of `lo..=hi` tokens; `scattered`: in a pool where every other
+/// block is held (as after serving many requests), so no two of a sequence's blocks adjoin.
+struct Case {
+    b: usize,
+    lo: usize,
+    hi: usize,
+    scattered: bool,
 }
 
 /// A pool of at least `tokens` tokens, or `MLXCEL_BENCH_POOL_BYTES` (the engine's ceiling,
@@ -153,14 +172,17 @@ fn prefill_shapes(m: &Model, pool: &mut BlockPool, seed: &[u32]) {
 }
 
 /// `b` sequences of ~`context` tokens, then `steps` batched decode steps after one untimed.
-fn decode_steps(
-    m: &Model,
-    pool: &mut BlockPool,
-    seed: &[u32],
-    b: usize,
-    (lo, hi): (usize, usize),
-    steps: usize,
-) {
+fn decode_steps(m: &Model, pool: &mut BlockPool, seed: &[u32], case: &Case, steps: usize) {
+    let &Case { b, lo, hi, .. } = case;
+    let held: Vec<u32> = if case.scattered {
+        let need = (b * (hi + b + 2 * steps + 2)).div_ceil(BLOCK_TOKENS);
+        let all = pool.allocate(2 * need).expect("room to scatter");
+        let (held, free): (Vec<u32>, Vec<u32>) = all.iter().partition(|&&id| id % 2 == 0);
+        free.into_iter().for_each(|id| pool.release(id));
+        held
+    } else {
+        Vec::new()
+    };
     let mut seqs: Vec<PagedSeq> = (0..b).map(|_| PagedSeq::default()).collect();
     let t = Instant::now();
     for (i, seq) in seqs.iter_mut().enumerate() {
@@ -174,10 +196,11 @@ fn decode_steps(
         }
     }
     let prefill_s = t.elapsed().as_secs_f64();
-    let context = if lo == hi {
-        format!("~{lo}")
-    } else {
-        format!("{lo}-{hi}")
+    let context = match (lo == hi, case.scattered) {
+        (true, false) => format!("~{lo}"),
+        (false, false) => format!("{lo}-{hi}"),
+        (true, true) => format!("~{lo} (blocks scattered)"),
+        (false, true) => format!("{lo}-{hi} (blocks scattered)"),
     };
     let tokens: Vec<u32> = (0..b).map(|i| seed[i % seed.len()]).collect();
     let mut step = |clear: bool| -> f64 {
@@ -213,6 +236,7 @@ fn decode_steps(
         println!("  its K/V path alone (write and read, every layer): median {kv_ms:.2} ms/step");
     }
     seqs.iter_mut().for_each(|s| s.free(pool));
+    held.into_iter().for_each(|id| pool.release(id));
 }
 
 /// Median ms of writing one new row per sequence and reading the keys back, every layer, as

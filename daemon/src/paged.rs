@@ -10,6 +10,7 @@
 //! lengths).
 
 use mlx_rs::Array;
+use mlx_rs::ops::indexing::IndexOp;
 
 use crate::Result;
 use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout, first_positions};
@@ -128,6 +129,42 @@ impl<'a> PagedBatch<'a> {
         self.read = read;
         self
     }
+
+    /// How this step reads its keys: the leading blocks every row shares, read once in place
+    /// (none for a fused kernel, which wants one K/V per row and would copy them per row), and
+    /// how each row's own blocks are read.
+    fn plan(&self, layout: OwnLayout) -> Result<(usize, OwnPlan)> {
+        let Some(first) = self.seqs.first() else {
+            return Err(crate::EngineError::Internal(
+                "a decode step of no sequence".into(),
+            ));
+        };
+        let bt = self.pool.shape().block_tokens;
+        let shared = if layout == OwnLayout::Padded {
+            0
+        } else {
+            // Full before this step, the same block in every row.
+            let shortest = self.seqs.iter().map(|s| s.len / bt).min().unwrap_or(0);
+            (0..shortest)
+                .take_while(|&j| self.seqs.iter().all(|s| s.table[j] == first.table[j]))
+                .count()
+        };
+        let own: Vec<&[BlockId]> = self
+            .seqs
+            .iter()
+            .map(|s| &s.table[shared..(s.len + 1).div_ceil(bt)])
+            .collect();
+        let plan =
+            if layout == OwnLayout::Padded && own.len() == 1 && self.pool.span_count(own[0]) == 1 {
+                OwnPlan::InPlace
+            } else if self.read.spans(layout, self.pool, &own) {
+                OwnPlan::Spans
+            } else {
+                let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
+                OwnPlan::Gather(Gather::new(self.pool, &own, blocks)?)
+            };
+        Ok((shared, plan))
+    }
 }
 
 impl BatchKv for PagedBatch<'_> {
@@ -149,12 +186,11 @@ impl BatchKv for PagedBatch<'_> {
         v: Array,
         layout: OwnLayout,
     ) -> Result<BatchKeys> {
-        let Some(first) = self.seqs.first() else {
+        if self.seqs.is_empty() {
             return Err(crate::EngineError::Internal(
                 "a decode step of no sequence".into(),
             ));
-        };
-        let first = first.table.clone();
+        }
         let bt = self.pool.shape().block_tokens;
         for s in &self.seqs {
             if s.len >= s.table.len() * bt {
@@ -174,28 +210,32 @@ impl BatchKv for PagedBatch<'_> {
         self.pool
             .write(layer, &at, &heads_first(k)?, &heads_first(v)?)?;
         if self.plan.is_none() {
-            // Leading blocks every row has, full before this step: read once, in place.
-            let shortest = self.seqs.iter().map(|s| s.len / bt).min().unwrap_or(0);
-            let shared = (0..shortest)
-                .take_while(|&j| self.seqs.iter().all(|s| s.table[j] == first[j]))
-                .count();
-            let own: Vec<&[BlockId]> = self
-                .seqs
-                .iter()
-                .map(|s| &s.table[shared..(s.len + 1).div_ceil(bt)])
-                .collect();
-            self.plan = Some(if self.read.spans(layout, self.pool, &own) {
-                OwnPlan::Spans
-            } else {
-                let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
-                OwnPlan::Gather(Gather::new(self.pool, &own, blocks)?)
-            });
+            let (shared, plan) = self.plan(layout)?;
             self.shared = shared;
+            self.plan = Some(plan);
         }
         let own = match &self.plan {
             Some(OwnPlan::Gather(plan)) => {
                 let (k, v) = self.pool.gather(layer, plan)?;
-                OwnKeys::Padded(k, v)
+                // Whole blocks, trimmed to the longest row's keys: rows of one length need
+                // no mask (and a GPU then runs its fused decode kernel, which takes none).
+                let keys =
+                    self.seqs.iter().map(|s| s.len + 1).max().unwrap_or(0) - self.shared * bt;
+                if (keys as i32) < k.shape()[2] {
+                    let keys = keys as i32;
+                    OwnKeys::Padded(k.index((.., .., ..keys)), v.index((.., .., ..keys)))
+                } else {
+                    OwnKeys::Padded(k, v)
+                }
+            }
+            Some(OwnPlan::InPlace) => {
+                let s = &self.seqs[0];
+                let spans = self.pool.spans(layer, &s.table, (s.len + 1).div_ceil(bt))?;
+                let Some((k, v)) = first_positions(&spans, s.len + 1).into_iter().next() else {
+                    return Err(crate::EngineError::Internal("no keys to read".into()));
+                };
+                // [1, kv_heads, keys, head_dim] -> [kv_heads, 1, keys, head_dim], a view.
+                OwnKeys::Padded(k.swap_axes(0, 1)?, v.swap_axes(0, 1)?)
             }
             Some(OwnPlan::Spans) => {
                 let mut rows = Vec::with_capacity(self.seqs.len());
@@ -230,6 +270,8 @@ enum OwnPlan {
     Gather(Gather),
     /// Read in place, span by span.
     Spans,
+    /// The batch's one row, whose blocks are one run in one slab: one view, nothing copied.
+    InPlace,
 }
 
 fn reserve_in(seq: &mut PagedSeq, pool: &mut BlockPool, tokens: usize) -> Result<()> {

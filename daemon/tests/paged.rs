@@ -159,8 +159,7 @@ fn batched_decode_of_three_sequences_at_different_positions_gives_each_its_golde
 fn a_batch_whose_rows_share_prompt_blocks_reads_them_once_and_keeps_the_golden_tokens() {
     use mlxcel_daemon::paged::{OwnRead, PagedBatch};
 
-    let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-        .expect("make setup");
+    let m = model();
     let bt = 8;
     let chat = &fixtures()["chats"][0];
     let (prompt, want) = (ids(&chat["prompt_ids"]), ids(&chat["greedy_ids"]));
@@ -213,16 +212,75 @@ fn argmax(row: &[f32]) -> u32 {
         .unwrap_or(0)
 }
 
+fn model() -> mlxcel_daemon::Loaded {
+    mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).expect("make setup")
+}
+
 fn batched_goldens(read: mlxcel_daemon::paged::OwnRead) {
+    let chats = fixtures()["chats"].as_array().unwrap().clone();
+    decode_goldens(&model(), &chats, read, false);
+}
+
+#[test]
+fn batched_decode_in_the_gpus_formulation_gives_the_golden_tokens() {
+    use mlxcel_daemon::device::Placement;
+    use mlxcel_daemon::paged::OwnRead;
+
+    // MLX's fused attention (its CPU reference here) reads one padded K/V per row: masked
+    // only when the rows differ in length; a lone row read in place when its blocks are one
+    // run, gathered when they are scattered.
+    let m = mlxcel_daemon::load_placed(
+        &root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        Placement::gpu_formulation_on_cpu(true),
+    )
+    .expect("make setup");
+    assert!(m.model.placement.gpu);
+    let chats = fixtures()["chats"].as_array().unwrap().clone();
+    decode_goldens(&m, &chats, OwnRead::Cheaper, false);
+    // And the last step's logits are the CPU formulation's (an extra key read as zeros, say,
+    // can leave greedy tokens unchanged).
+    let cpu = model();
+    for chat in &chats {
+        let chat = std::slice::from_ref(chat);
+        let want = decode_goldens(&cpu, chat, OwnRead::Cheaper, false);
+        let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
+        for scattered in [false, true] {
+            let got = decode_goldens(&m, chat, OwnRead::Cheaper, scattered);
+            let diff = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(
+                diff <= 1e-4 * scale,
+                "scattered: {scattered}: logits differ by {diff} (largest {scale})"
+            );
+        }
+    }
+}
+
+/// Prefills each chat's prompt, then decodes them together, greedily: each gets its golden
+/// tokens. `scattered`: every other block of the pool is held, so no two of a sequence's
+/// blocks are adjacent. Returns the last step's logits.
+fn decode_goldens(
+    m: &mlxcel_daemon::Loaded,
+    chats: &[serde_json::Value],
+    read: mlxcel_daemon::paged::OwnRead,
+    scattered: bool,
+) -> Vec<f32> {
     use mlxcel_daemon::paged::PagedBatch;
 
-    let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-        .expect("make setup");
     let mut pool = BlockPool::new(shape(m.model.config.layers, 64, 16)).unwrap();
-    let chats = fixtures()["chats"].as_array().unwrap().clone();
+    let held: Vec<u32> = if scattered {
+        let all = pool.allocate(64).unwrap();
+        let (keep, free): (Vec<u32>, Vec<u32>) = all.iter().partition(|&&b| b % 2 == 0);
+        free.into_iter().for_each(|b| pool.release(b));
+        keep
+    } else {
+        Vec::new()
+    };
     let mut seqs: Vec<PagedSeq> = Vec::new();
     let mut next: Vec<u32> = Vec::new();
-    for chat in &chats {
+    for chat in chats {
         let mut seq = PagedSeq::default();
         let logits = m
             .model
@@ -232,6 +290,7 @@ fn batched_goldens(read: mlxcel_daemon::paged::OwnRead) {
         seqs.push(seq);
     }
     let mut got: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+    let mut last = Vec::new();
     for _ in 1..32 {
         let logits = {
             let mut batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool).reading(read);
@@ -239,6 +298,7 @@ fn batched_goldens(read: mlxcel_daemon::paged::OwnRead) {
         };
         let vocab = m.model.config.vocab;
         let all = logits.as_slice::<f32>();
+        last = all.to_vec();
         for (i, row) in all.chunks(vocab).enumerate() {
             next[i] = argmax(row);
             got[i].push(next[i]);
@@ -248,12 +308,14 @@ fn batched_goldens(read: mlxcel_daemon::paged::OwnRead) {
         assert_eq!(
             tokens,
             &ids(&chat["greedy_ids"]),
-            "prompt {:?}, own blocks read as {read:?}",
+            "prompt {:?}, own blocks read as {read:?}, scattered: {scattered}",
             chat["messages"]
         );
     }
     for mut s in seqs {
         s.free(&mut pool);
     }
+    held.into_iter().for_each(|b| pool.release(b));
     assert_eq!(pool.free_blocks(), 64);
+    last
 }

@@ -356,8 +356,11 @@ impl Model {
             let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
             let keys = kv.append_all(i, k, v, layout)?;
             if let (None, OwnKeys::Padded(tk, _)) = (&mask, &keys.own) {
+                // Only rows shorter than the padded keys need one (none when all have one length).
                 let own: Vec<i32> = lens.iter().map(|&l| l - keys.shared_len as i32).collect();
-                mask = Some(padding_mask(&own, tk.shape()[2], self.placement.dtype)?);
+                if own.iter().any(|&l| l + 1 < tk.shape()[2]) {
+                    mask = Some(padding_mask(&own, tk.shape()[2], self.placement.dtype)?);
+                }
             }
             let out = self.attend_batch(&q, &keys, mask.as_ref())?;
             x = ops::add(&x, &layer.o.forward(&out)?)?;
