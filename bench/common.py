@@ -220,11 +220,12 @@ class Mlxcel(Server):
 class MlxLm(Server):
     """`mlx_lm.server` on the same model exported as an MLX directory (float32; or `model`, a
     directory of any dtype), with OpenBLAS preloaded on Linux as mlxcel links it (not on a GPU),
-    and its prompt cache capped at `cache_bytes`."""
+    and its prompt cache capped at `cache_bytes` (and at `entries` caches, if given; its own
+    default is 10)."""
 
     kind = "mlx_lm"
 
-    def __init__(self, name, cache_bytes, model=MLX_DIR, gpu=False):
+    def __init__(self, name, cache_bytes, model=MLX_DIR, gpu=False, entries=None):
         self.name, self.port = name, free_port()
         env = dict(os.environ)
         if platform.system() == "Linux" and os.path.exists(OPENBLAS) and not gpu:
@@ -233,7 +234,8 @@ class MlxLm(Server):
         self.log = open(os.path.join(self.dir, "server.log"), "w")
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "mlx_lm.server", "--model", model, "--port", str(self.port),
-             "--prompt-cache-bytes", str(cache_bytes)],
+             "--prompt-cache-bytes", str(cache_bytes)]
+            + (["--prompt-cache-size", str(entries)] if entries else []),
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for("mlx_lm.server answered", lambda: request(self.port, "GET", "/v1/models", timeout=5)[0] == 200, 900)
         self.pids = {"mlx_lm.server": self.proc.pid}
