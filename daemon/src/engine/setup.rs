@@ -67,7 +67,7 @@ impl Engine {
         };
         tracing::info!(
             warmup_ms = warmed.took.as_millis() as u64,
-            "warm-up done: {prefill} and a {}-sequence decode step",
+            "warm-up done: {prefill} and {}-sequence decode steps (masked and not)",
             config.max_running
         );
         let geometry = Geometry {

@@ -1,8 +1,8 @@
 //! Warm-up: before the daemon listens, it runs the shapes the scheduler will use (prefill chunks:
 //! on a GPU every padded row count and every attention shape up to a long context, on the CPU one
-//! chunk; one batched decode step at the largest batch) so no user waits on first-use costs
-//! (kernel builds on a GPU; BLAS work buffers and page faults on the CPU), and so the memory an
-//! idle daemon holds is what it holds after serving, not less.
+//! chunk; batched decode steps at the largest batch, masked and not) so no user waits on
+//! first-use costs (kernel builds on a GPU; BLAS work buffers and page faults on the CPU), and so
+//! the memory an idle daemon holds is what it holds after serving, not less.
 
 use std::time::{Duration, Instant};
 
@@ -48,13 +48,16 @@ pub fn run(
         out?.eval()?;
     }
     let attention_shapes = model.warm_up_attention(prefill_chunk, room)?;
-    let batch = max_running.min(pool.free_blocks() as usize);
+    // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
+    let batch = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
     if batch > 0 {
         let mut seqs: Vec<PagedSeq> = (0..batch).map(|_| PagedSeq::default()).collect();
         let mut result = Ok(());
-        for s in seqs.iter_mut() {
+        // The first row one token longer: the step over all rows is masked, the step over the
+        // rest (one length) is not; on a GPU those are different kernels.
+        for (i, s) in seqs.iter_mut().enumerate() {
             result = model
-                .forward(&ids(1), &mut s.store(pool))
+                .forward(&ids(1 + usize::from(i == 0)), &mut s.store(pool))
                 .and_then(|l| Ok(l.eval()?));
             if result.is_err() {
                 break;
@@ -64,6 +67,12 @@ pub fn run(
             let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
             result = model
                 .forward_batch(&ids(batch), &mut kv)
+                .and_then(|l| Ok(l.eval()?));
+        }
+        if result.is_ok() && batch > 1 {
+            let mut kv = PagedBatch::new(seqs.iter_mut().skip(1).collect(), pool);
+            result = model
+                .forward_batch(&ids(batch - 1), &mut kv)
                 .and_then(|l| Ok(l.eval()?));
         }
         seqs.iter_mut().for_each(|s| s.free(pool));
