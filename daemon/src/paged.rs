@@ -161,7 +161,10 @@ impl<'a> PagedBatch<'a> {
                 OwnPlan::Spans
             } else {
                 let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
-                OwnPlan::Gather(Gather::new(self.pool, &own, blocks)?)
+                // Whole blocks, trimmed to the longest row's keys: rows of one length need no
+                // mask (and a GPU then runs its fused decode kernel, which takes none).
+                let keys = self.seqs.iter().map(|s| s.len + 1).max().unwrap_or(0) - shared * bt;
+                OwnPlan::Gather(Gather::new(self.pool, &own, blocks)?, keys as i32)
             };
         Ok((shared, plan))
     }
@@ -215,14 +218,10 @@ impl BatchKv for PagedBatch<'_> {
             self.plan = Some(plan);
         }
         let own = match &self.plan {
-            Some(OwnPlan::Gather(plan)) => {
+            Some(OwnPlan::Gather(plan, keys)) => {
                 let (k, v) = self.pool.gather(layer, plan)?;
-                // Whole blocks, trimmed to the longest row's keys: rows of one length need
-                // no mask (and a GPU then runs its fused decode kernel, which takes none).
-                let keys =
-                    self.seqs.iter().map(|s| s.len + 1).max().unwrap_or(0) - self.shared * bt;
-                if (keys as i32) < k.shape()[2] {
-                    let keys = keys as i32;
+                let keys = *keys;
+                if keys < k.shape()[2] {
                     OwnKeys::Padded(k.index((.., .., ..keys)), v.index((.., .., ..keys)))
                 } else {
                     OwnKeys::Padded(k, v)
@@ -266,8 +265,8 @@ impl BatchKv for PagedBatch<'_> {
 
 /// How a decode step reads each row's own blocks.
 enum OwnPlan {
-    /// Gathered into one padded tensor.
-    Gather(Gather),
+    /// Gathered into one padded tensor, read up to its longest row's keys.
+    Gather(Gather, i32),
     /// Read in place, span by span.
     Spans,
     /// The batch's one row, whose blocks are one run in one slab: one view, nothing copied.

@@ -344,6 +344,7 @@ impl Model {
             .take_axis(&ids, 0)?
             .reshape(&[b, 1, c.hidden as i32])?;
         let mut mask: Option<Array> = None;
+        let mut mask_decided = false;
         // The fused kernel reads one padded tensor; the CPU's span kernel reads spans in place.
         let layout = match (self.placement.gpu, span_attention::available()) {
             (true, _) => OwnLayout::Padded,
@@ -355,12 +356,13 @@ impl Model {
             let (q, k, v) = self.project(layer, &h)?;
             let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
             let keys = kv.append_all(i, k, v, layout)?;
-            if let (None, OwnKeys::Padded(tk, _)) = (&mask, &keys.own) {
+            if let (false, OwnKeys::Padded(tk, _)) = (mask_decided, &keys.own) {
                 // Only rows shorter than the padded keys need one (none when all have one length).
                 let own: Vec<i32> = lens.iter().map(|&l| l - keys.shared_len as i32).collect();
                 if own.iter().any(|&l| l + 1 < tk.shape()[2]) {
                     mask = Some(padding_mask(&own, tk.shape()[2], self.placement.dtype)?);
                 }
+                mask_decided = true;
             }
             let out = self.attend_batch(&q, &keys, mask.as_ref())?;
             x = ops::add(&x, &layer.o.forward(&out)?)?;
