@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use mlx_rs::Array;
-use mlxcel_daemon::kv::{BatchKv, OwnKeys, OwnLayout};
+use mlxcel_daemon::kv::{BatchKv, OwnLayout};
 use mlxcel_daemon::model::Model;
 use mlxcel_daemon::paged::{PagedBatch, PagedSeq};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
@@ -258,7 +258,7 @@ fn kv_path(m: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq], steps: usize)
             let keys = kv
                 .append_all(layer, row.clone(), row.clone(), OwnLayout::Padded)
                 .expect("append");
-            if let OwnKeys::Padded(k, v) = keys.own {
+            if let Some((k, v)) = keys.own.rows_first().expect("keys") {
                 outs.extend([k, v]);
             }
             outs.extend(keys.shared.into_iter().flat_map(|(k, v)| [k, v]));

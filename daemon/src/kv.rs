@@ -89,9 +89,40 @@ pub enum OwnKeys {
     /// Gathered and padded to one length, heads first: `[kv_heads, batch, keys, head_dim]`;
     /// row `i` is valid up to `lens()[i] + 1 - shared_len` (the caller masks the rest).
     Padded(Array, Array),
+    /// The same, rows first: `[batch, kv_heads, keys, head_dim]`, as a fused kernel reads them
+    /// (gathered in this order, so nothing copies them again to make them contiguous).
+    RowsFirst(Array, Array),
     /// Per row, spans read in place (`[1, kv_heads, n_j, head_dim]` each, views of the pool)
     /// that cover exactly the row's own positions and the new one: nothing copied or masked.
     Spans(Vec<Vec<(Array, Array)>>),
+}
+
+impl OwnKeys {
+    /// Keys per row of a padded tensor (`None` for spans, which are never padded).
+    pub fn padded_len(&self) -> Option<i32> {
+        match self {
+            OwnKeys::Padded(k, _) | OwnKeys::RowsFirst(k, _) => Some(k.shape()[2]),
+            OwnKeys::Spans(_) => None,
+        }
+    }
+
+    /// Padded keys and values heads first (a view of rows-first ones); `None` for spans.
+    pub fn heads_first(&self) -> Result<Option<(Array, Array)>> {
+        Ok(match self {
+            OwnKeys::Padded(k, v) => Some((k.clone(), v.clone())),
+            OwnKeys::RowsFirst(k, v) => Some((k.swap_axes(0, 1)?, v.swap_axes(0, 1)?)),
+            OwnKeys::Spans(_) => None,
+        })
+    }
+
+    /// Padded keys and values rows first (a view of heads-first ones); `None` for spans.
+    pub fn rows_first(&self) -> Result<Option<(Array, Array)>> {
+        Ok(match self {
+            OwnKeys::RowsFirst(k, v) => Some((k.clone(), v.clone())),
+            OwnKeys::Padded(k, v) => Some((k.swap_axes(0, 1)?, v.swap_axes(0, 1)?)),
+            OwnKeys::Spans(_) => None,
+        })
+    }
 }
 
 /// The first `n` positions of `spans` (`[1, kv_heads, n_i, head_dim]` each), as views.

@@ -14,7 +14,7 @@ use mlx_rs::ops::indexing::IndexOp;
 
 use crate::Result;
 use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout, first_positions};
-use crate::pool::{BlockId, BlockPool, Gather, spans_cheaper};
+use crate::pool::{BlockId, BlockPool, Gather, Order, spans_cheaper};
 
 /// One sequence's blocks and length.
 #[derive(Debug, Default, Clone)]
@@ -64,7 +64,12 @@ impl PagedSeq {
     /// The plan to read positions `0..len` (whole blocks; see [`Gather`]).
     pub fn gather(&self, pool: &BlockPool, len: usize) -> Result<Gather> {
         let blocks = len.div_ceil(pool.shape().block_tokens);
-        Gather::new(pool, &[&self.table[..blocks.min(self.table.len())]], blocks)
+        Gather::new(
+            pool,
+            &[&self.table[..blocks.min(self.table.len())]],
+            blocks,
+            Order::HeadsFirst,
+        )
     }
 
     /// A [`KvStore`] over `pool` for one forward pass.
@@ -161,10 +166,22 @@ impl<'a> PagedBatch<'a> {
                 OwnPlan::Spans
             } else {
                 let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
-                // Whole blocks, trimmed to the longest row's keys: rows of one length need no
-                // mask (and a GPU then runs its fused decode kernel, which takes none).
-                let keys = self.seqs.iter().map(|s| s.len + 1).max().unwrap_or(0) - shared * bt;
-                OwnPlan::Gather(Gather::new(self.pool, &own, blocks)?, keys as i32)
+                // Rows of one length are trimmed to it and need no mask (a GPU then runs its
+                // fused decode kernel, which takes none; it reads the trimmed view in place).
+                // Rows of several lengths are masked: whole blocks, left contiguous, since the
+                // unfused attention would copy a trimmed view of them again.
+                let keys = if self.seqs.iter().all(|s| s.len == first.len) {
+                    first.len + 1 - shared * bt
+                } else {
+                    blocks * bt
+                };
+                let order = if layout == OwnLayout::Padded {
+                    Order::RowsFirst
+                } else {
+                    Order::HeadsFirst
+                };
+                let plan = Gather::new(self.pool, &own, blocks, order)?;
+                OwnPlan::Gather(plan, keys as i32)
             };
         Ok((shared, plan))
     }
@@ -219,12 +236,14 @@ impl BatchKv for PagedBatch<'_> {
         }
         let own = match &self.plan {
             Some(OwnPlan::Gather(plan, keys)) => {
-                let (k, v) = self.pool.gather(layer, plan)?;
+                let (mut k, mut v) = self.pool.gather(layer, plan)?;
                 let keys = *keys;
                 if keys < k.shape()[2] {
-                    OwnKeys::Padded(k.index((.., .., ..keys)), v.index((.., .., ..keys)))
-                } else {
-                    OwnKeys::Padded(k, v)
+                    (k, v) = (k.index((.., .., ..keys)), v.index((.., .., ..keys)));
+                }
+                match plan.order() {
+                    Order::HeadsFirst => OwnKeys::Padded(k, v),
+                    Order::RowsFirst => OwnKeys::RowsFirst(k, v),
                 }
             }
             Some(OwnPlan::InPlace) => {
@@ -233,8 +252,8 @@ impl BatchKv for PagedBatch<'_> {
                 let Some((k, v)) = first_positions(&spans, s.len + 1).into_iter().next() else {
                     return Err(crate::EngineError::Internal("no keys to read".into()));
                 };
-                // [1, kv_heads, keys, head_dim] -> [kv_heads, 1, keys, head_dim], a view.
-                OwnKeys::Padded(k.swap_axes(0, 1)?, v.swap_axes(0, 1)?)
+                // [1, kv_heads, keys, head_dim]: rows first already, a view.
+                OwnKeys::RowsFirst(k, v)
             }
             Some(OwnPlan::Spans) => {
                 let mut rows = Vec::with_capacity(self.seqs.len());

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use mlx_rs::{Array, Dtype, ops};
 
-pub use gather::{CopyCosts, Gather, spans_cheaper};
+pub use gather::{CopyCosts, Gather, Order, spans_cheaper};
 use slab::Slab;
 
 use crate::Result;

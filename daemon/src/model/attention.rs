@@ -186,8 +186,13 @@ pub(super) fn batch_attention(
         p.index((.., .., at..at + lt))
     };
     let own = match &keys.own {
-        OwnKeys::Padded(_, tv) => ops::matmul(pt.reshape(&[kv_heads, b, group, lt])?, tv)?
-            .reshape(&[kv_heads, rows, hd])?,
+        OwnKeys::Padded(..) | OwnKeys::RowsFirst(..) => {
+            let Some((_, tv)) = keys.own.heads_first()? else {
+                return Err(no_keys());
+            };
+            ops::matmul(pt.reshape(&[kv_heads, b, group, lt])?, tv)?
+                .reshape(&[kv_heads, rows, hd])?
+        }
         OwnKeys::Spans(per_row) => {
             let mut outs = Vec::with_capacity(per_row.len());
             for (i, spans) in per_row.iter().enumerate() {
@@ -218,7 +223,10 @@ fn own_scores(
 ) -> Result<(Array, i32)> {
     let (kv_heads, hd) = (q.shape()[0], q.shape()[2]);
     match own {
-        OwnKeys::Padded(tk, _) => {
+        OwnKeys::Padded(..) | OwnKeys::RowsFirst(..) => {
+            let Some((tk, _)) = own.heads_first()? else {
+                return Err(no_keys());
+            };
             let lt = tk.shape()[2];
             let q = q.reshape(&[kv_heads, b, group, hd])?;
             let mut s = ops::matmul(&q, &tk.swap_axes(2, 3)?)?; // [kvh, b, g, lt]
@@ -284,12 +292,11 @@ pub(super) fn fused_batch_attention(
     kv_heads: i32,
 ) -> Result<Array> {
     let (b, heads, hd) = (q.shape()[0], q.shape()[1], q.shape()[3]);
-    let OwnKeys::Padded(tk, tv) = &keys.own else {
+    let Some((tk, tv)) = keys.own.rows_first()? else {
         return Err(crate::EngineError::Internal(
             "the fused attention needs padded keys".into(),
         ));
     };
-    let (tk, tv) = (tk.swap_axes(0, 1)?, tv.swap_axes(0, 1)?);
     let (mut ks, mut vs) = (Vec::new(), Vec::new());
     for (k, v) in &keys.shared {
         let n = k.shape()[2];

@@ -16,7 +16,7 @@ use super::span_attention;
 use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
-use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout};
+use crate::kv::{BatchKeys, BatchKv, KvStore, OwnLayout};
 
 /// Tensor names in a file format.
 pub trait TensorNames {
@@ -356,11 +356,11 @@ impl Model {
             let (q, k, v) = self.project(layer, &h)?;
             let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
             let keys = kv.append_all(i, k, v, layout)?;
-            if let (false, OwnKeys::Padded(tk, _)) = (mask_decided, &keys.own) {
+            if let (false, Some(padded)) = (mask_decided, keys.own.padded_len()) {
                 // Only rows shorter than the padded keys need one (none when all have one length).
                 let own: Vec<i32> = lens.iter().map(|&l| l - keys.shared_len as i32).collect();
-                if own.iter().any(|&l| l + 1 < tk.shape()[2]) {
-                    mask = Some(padding_mask(&own, tk.shape()[2], self.placement.dtype)?);
+                if own.iter().any(|&l| l + 1 < padded) {
+                    mask = Some(padding_mask(&own, padded, self.placement.dtype)?);
                 }
                 mask_decided = true;
             }

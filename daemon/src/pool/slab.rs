@@ -9,7 +9,7 @@
 //! `l`'s write must not wait on the still-lazy reads of layer `l - 1`.
 
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
-use mlx_rs::{Array, ops};
+use mlx_rs::{Array, Dtype, ops};
 
 use super::PoolShape;
 use crate::Result;
@@ -47,11 +47,21 @@ impl Slab {
     }
 
     /// Chunks `ids` of `layer`, viewed as `[2 * kv_heads * blocks, block_tokens * head_dim]`
-    /// (chunk `(half * kv_heads + head) * blocks + j`: K or V of one head of local block `j`).
-    pub(super) fn chunks(&self, layer: usize, chunk: i32, ids: &Array) -> Result<Array> {
-        Ok(self.layers[layer]
-            .reshape(&[-1, chunk])?
-            .take_axis(ids, 0)?)
+    /// (chunk `(half * kv_heads + head) * blocks + j`: K or V of one head of local block `j`),
+    /// read as `word`s when given (the caller views the result back).
+    pub(super) fn chunks(
+        &self,
+        layer: usize,
+        chunk: i32,
+        ids: &Array,
+        word: Option<Dtype>,
+    ) -> Result<Array> {
+        let x = self.layers[layer].reshape(&[-1, chunk])?;
+        let x = match word {
+            Some(w) => x.view_dtype(w)?,
+            None => x,
+        };
+        Ok(x.take_axis(ids, 0)?)
     }
 
     /// `layer`'s K and V of local blocks `from..to` as views (no copy), `[1, kv_heads,
