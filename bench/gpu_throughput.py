@@ -7,7 +7,9 @@ from bench/random_llama.py, float16), the same streaming client for both, in one
   - each server's GPU memory (nvidia-smi) idle and after the run.
 
 Usage: python bench/gpu_throughput.py --model DIR --out DIR [--peers mlxcel,mlx_lm]
-       [--clients 1,8,32] [--max-batch-size 32]
+       [--clients 1,8,32] [--max-batch-size 32] [--cold-levels]
+Each level runs once unmeasured first, with other prompts (unless --cold-levels): mlx_lm builds
+a batch shape's kernels on first use, which once made its 8-client cell a compile benchmark.
 mlxcel runs with --max-batch-size (default 32, mlx_lm.server's decode concurrency); both keep
 their other defaults. Writes DIR/gpu_throughput.json and DIR/gpu_throughput.md.
 """
@@ -44,7 +46,7 @@ def one(port, messages, max_tokens=MAX_TOKENS):
             "decode_tok_s": round(decode, 1) if decode else None}
 
 
-def run_peer(peer, model, levels, max_batch, out_dir):
+def run_peer(peer, model, levels, max_batch, out_dir, warm):
     started = time.monotonic()
     if peer == "mlxcel":
         env = {"MLXCEL_MODEL": model, "MLXCEL_MAX_BATCH_SIZE": str(max_batch), "MLXCEL_LOG": "info"}
@@ -59,6 +61,12 @@ def run_peer(peer, model, levels, max_batch, out_dir):
         out["first_request"] = one(server.port, short)
         out["warm_request"] = one(server.port, short)
         out["levels"] = []
+        if warm:
+            # Each level once with other prompts, unmeasured: a server that builds kernels for
+            # a batch shape on first use (mlx_lm does) pays that here, not in the figures.
+            for clients in levels:
+                print(f"[gpu] {peer} warming x{clients} (unmeasured) ...", flush=True)
+                run_level(server.port, "distinct", clients, first_client=500)
         for clients in levels:
             print(f"[gpu] {peer} distinct x{clients} ...", flush=True)
             before = RESENT["count"]
@@ -84,11 +92,13 @@ def ratio(a, b, invert=False):
     return f"{(b / a if invert else a / b):.2f}x"
 
 
-def markdown(runs, info, model):
+def markdown(runs, info, model, warm):
     m, p = runs.get("mlxcel", {}), runs.get("mlx_lm", {})
     lines = ["# GPU throughput", "", f"Machine: {info['system']}; mlxcel {info['mlxcel']}; model `{os.path.basename(model)}` "
              f"(float16); streaming chat, {MAX_TOKENS} tokens per request, temperature 0. "
-             "Ratios are mlxcel / mlx_lm for rates and mlx_lm / mlxcel for times (above 1 = mlxcel ahead).", "",
+             "Ratios are mlxcel / mlx_lm for rates and mlx_lm / mlxcel for times (above 1 = mlxcel ahead). "
+             + ("Each level ran once unmeasured first, with other prompts." if warm else
+                "Levels measured cold (--cold-levels): first builds of batch shapes count."), "",
              "| what | mlxcel | mlx_lm | ratio |", "|---|---|---|---|"]
     by = {peer: {r["clients"]: r for r in run.get("levels", [])} for peer, run in runs.items()}
     for clients in sorted(by.get("mlxcel", {})):
@@ -118,6 +128,9 @@ def main():
     ap.add_argument("--peers", default="mlxcel,mlx_lm")
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--max-batch-size", type=int, default=32)
+    ap.add_argument("--cold-levels", action="store_true",
+                    help="measure each level without first running it once unmeasured (with other "
+                         "prompts); then a server's first build of a batch shape's kernels counts")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     info = machine()
@@ -125,13 +138,13 @@ def main():
     runs = {}
     for peer in args.peers.split(","):
         try:
-            runs[peer] = run_peer(peer, args.model, levels, args.max_batch_size, args.out)
+            runs[peer] = run_peer(peer, args.model, levels, args.max_batch_size, args.out, not args.cold_levels)
         except Exception as e:  # one peer failing still leaves the other's figures
             runs[peer] = {"peer": peer, "error": repr(e)}
             print(f"[gpu] {peer} failed: {e!r}", flush=True)
         with open(os.path.join(args.out, "gpu_throughput.json"), "w") as f:
             json.dump({"machine": info, "model": args.model, "runs": runs}, f, indent=1)
-    md = markdown(runs, info, args.model)
+    md = markdown(runs, info, args.model, not args.cold_levels)
     with open(os.path.join(args.out, "gpu_throughput.md"), "w") as f:
         f.write(md)
     print(md, flush=True)

@@ -30,12 +30,13 @@ def workload(kind, client, round_):
     return [{"role": "user", "content": document(1000 + client * 10 + round_, 14)}]
 
 
-def run_level(port, kind, clients):
-    """`clients` concurrent clients, ROUNDS requests each; returns the figures."""
+def run_level(port, kind, clients, first_client=0):
+    """`clients` concurrent clients (numbered from `first_client`: other numbers, other prompts),
+    ROUNDS requests each; returns the figures."""
     def one(c):
         out = []
         for r in range(ROUNDS):
-            body = {"messages": workload(kind, c, r), "max_tokens": MAX_TOKENS, "temperature": 0}
+            body = {"messages": workload(kind, first_client + c, r), "max_tokens": MAX_TOKENS, "temperature": 0}
             out.append(stream_chat(port, body))
         return out
     start = time.monotonic()
