@@ -14,7 +14,7 @@ use mlx_rs::ops::indexing::IndexOp;
 
 use crate::Result;
 use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout, first_positions};
-use crate::pool::{BlockId, BlockPool, Gather, Order, spans_cheaper};
+use crate::pool::{BlockId, BlockPool, Gather, Order, WritePlan, spans_cheaper};
 
 /// One sequence's blocks and length.
 #[derive(Debug, Default, Clone)]
@@ -74,7 +74,11 @@ impl PagedSeq {
 
     /// A [`KvStore`] over `pool` for one forward pass.
     pub fn store<'a>(&'a mut self, pool: &'a mut BlockPool) -> PagedStore<'a> {
-        PagedStore { seq: self, pool }
+        PagedStore {
+            seq: self,
+            pool,
+            write: None,
+        }
     }
 }
 
@@ -82,6 +86,8 @@ impl PagedSeq {
 pub struct PagedStore<'a> {
     seq: &'a mut PagedSeq,
     pool: &'a mut BlockPool,
+    /// Where this pass's new rows go, planned by the first layer.
+    write: Option<WritePlan>,
 }
 
 /// [`BatchKv`] over the pool for several sequences (one batched decode step).
@@ -93,6 +99,8 @@ pub struct PagedBatch<'a> {
     /// Leading blocks every row shares this step.
     shared: usize,
     read: OwnRead,
+    /// Where this step's new rows go, planned by the first layer.
+    write: Option<WritePlan>,
 }
 
 /// How a batch reads each row's own blocks where the model can take either layout.
@@ -126,6 +134,7 @@ impl<'a> PagedBatch<'a> {
             plan: None,
             shared: 0,
             read: OwnRead::Cheaper,
+            write: None,
         }
     }
 
@@ -217,18 +226,23 @@ impl BatchKv for PagedBatch<'_> {
                 return Err(no_room(1, s.len));
             }
         }
-        let at: Vec<(BlockId, usize)> = self
-            .seqs
-            .iter()
-            .map(|s| (s.table[s.len / bt], s.len % bt))
-            .collect();
+        if self.write.is_none() {
+            let at: Vec<(BlockId, usize)> = self
+                .seqs
+                .iter()
+                .map(|s| (s.table[s.len / bt], s.len % bt))
+                .collect();
+            self.write = Some(self.pool.plan_write(&at));
+        }
         // [batch, kv_heads, 1, head_dim] -> [kv_heads, batch, head_dim]
         let heads_first = |x: Array| -> Result<Array> {
             let s = x.shape().to_vec();
             Ok(x.reshape(&[s[0], s[1], s[3]])?.swap_axes(0, 1)?)
         };
-        self.pool
-            .write(layer, &at, &heads_first(k)?, &heads_first(v)?)?;
+        if let Some(plan) = &self.write {
+            self.pool
+                .write_planned(layer, plan, &heads_first(k)?, &heads_first(v)?)?;
+        }
         if self.plan.is_none() {
             let (shared, plan) = self.plan(layout)?;
             self.shared = shared;
@@ -279,6 +293,7 @@ impl BatchKv for PagedBatch<'_> {
             s.len += 1;
         }
         self.plan = None;
+        self.write = None;
     }
 }
 
@@ -325,13 +340,18 @@ impl KvStore for PagedStore<'_> {
         if end > self.seq.table.len() * bt {
             return Err(no_room(t, start));
         }
-        let at = self.seq.at(bt, start, end);
-        self.pool
-            .write(layer, &at, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
+        if self.write.is_none() {
+            self.write = Some(self.pool.plan_write(&self.seq.at(bt, start, end)));
+        }
+        if let Some(plan) = &self.write {
+            self.pool
+                .write_planned(layer, plan, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
+        }
         self.pool.spans(layer, &self.seq.table, end.div_ceil(bt))
     }
 
     fn commit(&mut self, tokens: usize) {
         self.seq.len += tokens;
+        self.write = None;
     }
 }

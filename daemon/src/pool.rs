@@ -14,13 +14,15 @@
 
 mod gather;
 mod slab;
+mod write;
 
 use std::collections::BTreeSet;
 
-use mlx_rs::{Array, Dtype, ops};
+use mlx_rs::{Array, Dtype};
 
 pub use gather::{CopyCosts, Gather, Order, spans_cheaper};
 use slab::Slab;
+pub use write::WritePlan;
 
 use crate::Result;
 
@@ -255,59 +257,6 @@ impl BlockPool {
                 self.drop_empty_slabs();
             }
         }
-    }
-
-    /// Writes `k`, `v` (`[kv_heads, n, head_dim]`) of `layer` at `at[i]` = (block, position in
-    /// the block) for token `i`: one update per slab touched.
-    pub fn write(
-        &mut self,
-        layer: usize,
-        at: &[(BlockId, usize)],
-        k: &Array,
-        v: &Array,
-    ) -> Result<()> {
-        let (kvh, bt, hd) = (
-            self.shape.kv_heads,
-            self.shape.block_tokens,
-            self.shape.head_dim,
-        );
-        // [2 * kv_heads, n, head_dim]: K heads then V heads.
-        let values = ops::concatenate(&[k, v], 0)?;
-        let mut touched: Vec<usize> = at.iter().map(|&(b, _)| self.slab_of(b)).collect();
-        touched.sort_unstable();
-        touched.dedup();
-        let single = touched.len() == 1;
-        for s in touched {
-            let (base, len) = (s as u32 * self.slab_blocks, self.slab_len(s) as usize);
-            let mine: Vec<usize> = (0..at.len())
-                .filter(|&i| self.slab_of(at[i].0) == s)
-                .collect();
-            let mut rows = Vec::with_capacity(2 * kvh * mine.len());
-            for half in 0..2 {
-                for h in 0..kvh {
-                    rows.extend(mine.iter().map(|&i| {
-                        let (b, p) = at[i];
-                        let chunk = (half * kvh + h) * len + (b - base) as usize;
-                        (chunk * bt + p) as i32
-                    }));
-                }
-            }
-            let part = if single {
-                values.clone()
-            } else {
-                let idx: Vec<i32> = mine.iter().map(|&i| i as i32).collect();
-                values.take_axis(Array::from_slice(&idx, &[idx.len() as i32]), 1)?
-            };
-            let part = part.reshape(&[-1, hd as i32])?;
-            let rows = Array::from_slice(&rows, &[rows.len() as i32]);
-            let Some(slab) = self.slabs[s].as_mut() else {
-                return Err(crate::EngineError::Internal(format!(
-                    "write into slab {s}, which holds no block"
-                )));
-            };
-            slab.write(layer, &rows, &part)?;
-        }
-        Ok(())
     }
 
     /// `layer`'s K and V of the first `blocks` blocks of `table`, as views of the slabs (no
