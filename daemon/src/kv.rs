@@ -61,6 +61,58 @@ pub trait BatchKv {
     fn commit(&mut self);
 }
 
+/// Storage for several sequences that each add a chunk of new tokens in one forward pass (a
+/// packed prefill): chunk `i` is sequence `i`, with [`KvStore`]'s contract each.
+pub trait ChunksKv {
+    /// Sequences in the pass.
+    fn count(&self) -> usize;
+
+    /// Tokens sequence `i` has stored.
+    fn len(&self, i: usize) -> usize;
+
+    /// Makes room for `tokens` new tokens of sequence `i` (see [`KvStore::reserve`]).
+    fn reserve(&mut self, i: usize, tokens: usize) -> Result<()>;
+
+    /// Stores sequence `i`'s new rows for `layer` and returns all its keys and values (see
+    /// [`KvStore::append`]).
+    fn append(&mut self, i: usize, layer: usize, k: Array, v: Array)
+    -> Result<Vec<(Array, Array)>>;
+
+    /// Marks sequence `i`'s `tokens` new tokens as stored, after every layer.
+    fn commit(&mut self, i: usize, tokens: usize);
+}
+
+/// One [`KvStore`] as a pass of one chunk.
+pub struct OneChunk<'a>(pub &'a mut dyn KvStore);
+
+impl ChunksKv for OneChunk<'_> {
+    fn count(&self) -> usize {
+        1
+    }
+
+    fn len(&self, _i: usize) -> usize {
+        self.0.len()
+    }
+
+    fn reserve(&mut self, _i: usize, tokens: usize) -> Result<()> {
+        self.0.reserve(tokens)
+    }
+
+    fn append(
+        &mut self,
+        _i: usize,
+        layer: usize,
+        k: Array,
+        v: Array,
+    ) -> Result<Vec<(Array, Array)>> {
+        self.0.append(layer, k, v)
+    }
+
+    fn commit(&mut self, _i: usize, tokens: usize) {
+        self.0.commit(tokens)
+    }
+}
+
 /// What the attention of a decode step can read each row's own keys as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwnLayout {

@@ -12,6 +12,10 @@
 use mlx_rs::Array;
 use mlx_rs::ops::indexing::IndexOp;
 
+mod chunks;
+
+pub use chunks::PagedChunks;
+
 use crate::Result;
 use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout, first_positions};
 use crate::pool::{BlockId, BlockPool, Gather, Order, WritePlan, spans_cheaper};
@@ -334,24 +338,36 @@ impl KvStore for PagedStore<'_> {
     }
 
     fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<Vec<(Array, Array)>> {
-        let t = k.shape()[2] as usize;
-        let bt = self.pool.shape().block_tokens;
-        let (start, end) = (self.seq.len, self.seq.len + t);
-        if end > self.seq.table.len() * bt {
-            return Err(no_room(t, start));
-        }
-        if self.write.is_none() {
-            self.write = Some(self.pool.plan_write(&self.seq.at(bt, start, end)));
-        }
-        if let Some(plan) = &self.write {
-            self.pool
-                .write_planned(layer, plan, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
-        }
-        self.pool.spans(layer, &self.seq.table, end.div_ceil(bt))
+        append_to(self.seq, self.pool, &mut self.write, layer, k, v)
     }
 
     fn commit(&mut self, tokens: usize) {
         self.seq.len += tokens;
         self.write = None;
     }
+}
+
+/// Writes `seq`'s new rows (`k`, `v`: `[1, kv_heads, t, head_dim]`) of `layer` into its reserved
+/// blocks, planning where once per pass (`write`), and returns its keys and values as spans.
+fn append_to(
+    seq: &PagedSeq,
+    pool: &mut BlockPool,
+    write: &mut Option<WritePlan>,
+    layer: usize,
+    k: Array,
+    v: Array,
+) -> Result<Vec<(Array, Array)>> {
+    let t = k.shape()[2] as usize;
+    let bt = pool.shape().block_tokens;
+    let (start, end) = (seq.len, seq.len + t);
+    if end > seq.table.len() * bt {
+        return Err(no_room(t, start));
+    }
+    if write.is_none() {
+        *write = Some(pool.plan_write(&seq.at(bt, start, end)));
+    }
+    if let Some(plan) = write {
+        pool.write_planned(layer, plan, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
+    }
+    pool.spans(layer, &seq.table, end.div_ceil(bt))
 }

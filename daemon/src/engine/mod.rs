@@ -18,6 +18,7 @@ mod cache_link;
 mod ceiling;
 mod events;
 mod lifecycle;
+mod prefill;
 pub mod scheduler;
 mod sequence;
 mod setup;

@@ -104,23 +104,32 @@ impl Sequence {
         pool: &mut BlockPool,
         chunk: usize,
     ) -> Result<()> {
-        let target = self.prompt.len() + self.generated.len();
-        let piece: Vec<u32> = self
-            .prompt
+        let piece = self.next_piece(chunk);
+        let logits = model.forward(&piece, &mut self.kv.store(pool))?;
+        logits.eval()?;
+        self.prefilled(&logits, 0);
+        Ok(())
+    }
+
+    /// The next at most `chunk` tokens not yet stored.
+    pub fn next_piece(&self, chunk: usize) -> Vec<u32> {
+        self.prompt
             .iter()
             .chain(self.generated.iter())
             .copied()
             .skip(self.kv.len)
             .take(chunk)
-            .collect();
-        let logits = model.forward(&piece, &mut self.kv.store(pool))?;
-        logits.eval()?;
-        if self.kv.len == target {
+            .collect()
+    }
+
+    /// After a prefill pass stored a chunk whose last logits are row `row` of `logits`
+    /// (evaluated): once every token is stored, those are the next to sample.
+    pub fn prefilled(&mut self, logits: &Array, row: usize) {
+        if !self.needs_prefill() {
             // Sampling continues where it stopped (a preempted request's output was already sent).
-            self.next_logits = Some(Logits::row(&logits, 0));
+            self.next_logits = Some(Logits::row(logits, row));
             self.prefill_done_at.get_or_insert_with(Instant::now);
         }
-        Ok(())
     }
 
     /// Samples the next token from the last logits, sends it, and says whether to go on.

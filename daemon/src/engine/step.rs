@@ -58,18 +58,7 @@ impl Engine {
         // question behind a cached prefix they are small, and the next steps would fault the
         // trimmed pages in again (one A/B at 8 shared-prefix clients: 39 vs 42-45 tok/s).
         let prefilled = plan.iter().map(|(_, n)| n).sum::<usize>() >= GIVE_BACK_AFTER_TOKENS;
-        for (key, n) in plan {
-            // Earlier chunks of this step may have preempted or failed sequences.
-            let Some(i) = self.sched.running().iter().position(|s| s.key() == key) else {
-                continue;
-            };
-            let s = &mut self.sched.running_mut()[i];
-            let before = s.kv.len;
-            match s.prefill_step(&self.loaded.model, &mut self.pool, n) {
-                Ok(()) => self.clock.prefilled(s.kv.len.saturating_sub(before)),
-                Err(e) => self.pool_full(i, e),
-            }
-        }
+        self.prefill(plan);
         t = self.clock.lap(Phase::Prefill, t);
         // Sample every ready sequence; those that go on need their new token computed.
         let mut next: Vec<(usize, u32)> = Vec::new();
@@ -186,7 +175,7 @@ impl Engine {
     }
 
     /// Handles a step of sequence `i` that failed.
-    fn pool_full(&mut self, i: usize, e: EngineError) {
+    pub(super) fn pool_full(&mut self, i: usize, e: EngineError) {
         match e {
             EngineError::PoolExhausted { .. }
                 if self.sched.running().len() == 1 && !self.cache.may_free_blocks() =>

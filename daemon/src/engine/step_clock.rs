@@ -57,6 +57,12 @@ impl StepClock {
         self.totals.prefill_tokens += n as u64;
     }
 
+    /// Counts one prefill forward pass over `chunks` sequences' chunks.
+    pub fn prefill_pass(&mut self, chunks: usize) {
+        self.totals.prefill_passes += 1;
+        self.totals.prefill_chunks += chunks as u64;
+    }
+
     /// Everything since the engine started.
     pub fn totals(&self) -> StepTotals {
         self.totals

@@ -1,7 +1,6 @@
 //! The Llama-family decoder: RMS norm, GQA attention with RoPE, SwiGLU MLP.
 //! Qwen2 adds biases to q/k/v (picked up from the weights); Qwen3 adds per-head q/k RMS norms.
 
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype, fast, nn, ops};
 
 use super::attention::{
@@ -16,7 +15,9 @@ use super::span_attention;
 use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
-use crate::kv::{BatchKeys, BatchKv, KvStore, OwnLayout};
+
+mod prefill;
+use crate::kv::{BatchKeys, BatchKv, OwnLayout};
 
 /// Tensor names in a file format.
 pub trait TensorNames {
@@ -137,73 +138,6 @@ impl Model {
             })
             .sum();
         layers + self.norm.nbytes() + self.lm_head.nbytes()
-    }
-
-    /// Runs `tokens` (new positions after what `kv` holds) and returns the logits of the last
-    /// position as f32 (`[vocab]`).
-    pub fn forward(&self, tokens: &[u32], kv: &mut dyn KvStore) -> Result<Array> {
-        let c = &self.config;
-        let t = tokens.len() as i32;
-        kv.reserve(tokens.len())?;
-        let offset = kv.len() as i32;
-        // On CUDA the whole chunk runs a padded row count (`fused_prefill`): kernels are built
-        // per shape there, the attention's and the quantized matmuls' alike. The padding rows
-        // (token 0) come after the real ones, so the causal mask hides them; their K/V is not
-        // stored and their outputs are dropped.
-        let rows = if self.placement.pads_prefill {
-            fused_prefill::query_rows(t)
-        } else {
-            t
-        };
-        let ids = if rows > t {
-            let mut padded = tokens.to_vec();
-            padded.resize(rows as usize, 0);
-            Array::from_slice(&padded, &[rows])
-        } else {
-            Array::from_slice(tokens, &[t])
-        };
-        let mut x = self
-            .embed
-            .take_axis(&ids, 0)?
-            .reshape(&[1, rows, c.hidden as i32])?;
-        let rope = if self.placement.gpu {
-            Rope::Fused(Offset::Fixed(offset))
-        } else {
-            Rope::Table(self.rotary.span(offset, t))
-        };
-        // The causal mask, built on first use: the CPU's span kernel masks as it reads and
-        // never needs it (at 3.7k keys a 512-token chunk's mask is 7.5 MB on the host).
-        let mut mask = LazyMask::default();
-        for (i, layer) in self.layers.iter().enumerate() {
-            let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
-            let (q, k, v) = self.project(layer, &h)?;
-            let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
-            let (k, v) = if rows > t {
-                (k.index((.., .., ..t)), v.index((.., .., ..t)))
-            } else {
-                (k, v)
-            };
-            let spans = kv.append(i, k, v)?;
-            let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-            mask.keys = if self.placement.pads_prefill && t > 1 {
-                // The fused kernel runs a padded shape (see `fused_prefill`).
-                let (tp, sp) = (
-                    fused_prefill::attention_rows(t, s),
-                    fused_prefill::key_rows(t, s),
-                );
-                Some((tp, offset, sp, self.placement.dtype))
-            } else {
-                (t > 1 || s > offset + t).then_some((t, offset, s, self.placement.dtype))
-            };
-            let out = self.attend(&q, &spans, &mut mask, offset)?;
-            x = ops::add(&x, &layer.o.forward(&out)?)?;
-            x = ops::add(&x, &self.mlp(layer, &x)?)?;
-        }
-        kv.commit(tokens.len());
-        let last = x.take_axis(Array::from_int(t - 1), 1)?;
-        let last = fast::rms_norm(&last, Some(&self.norm), c.rms_eps)?;
-        let logits = self.lm_head.forward(&last)?.reshape(&[c.vocab as i32])?;
-        Ok(logits.as_dtype(Dtype::Float32)?)
     }
 
     fn project(&self, layer: &Layer, h: &Array) -> Result<(Array, Array, Array)> {

@@ -222,6 +222,16 @@ fn write_daemon(out: &mut Exposition, health: Option<DaemonHealth>) {
             st.prefill_tokens,
         ),
         (
+            "mlxcel_prefill_passes_total",
+            "Prefill forward passes (each computes the chunks of every sequence a step prefills).",
+            st.prefill_passes,
+        ),
+        (
+            "mlxcel_prefill_chunks_total",
+            "Prompt chunks computed (chunks / passes = mean chunks per pass).",
+            st.prefill_chunks,
+        ),
+        (
             "mlxcel_decode_steps_total",
             "Batched decode steps.",
             st.decode_steps,

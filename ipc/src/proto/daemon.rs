@@ -223,6 +223,12 @@ pub struct StepTotals {
     pub sampling_us: u64,
     /// The rest of a step: admission, retiring, publishing.
     pub other_us: u64,
+    /// Prefill forward passes, and the chunks they computed: a pass computes the chunks of
+    /// every sequence the step prefills at once.
+    #[serde(default)]
+    pub prefill_passes: u64,
+    #[serde(default)]
+    pub prefill_chunks: u64,
 }
 
 /// The daemon's state, for `/health` and `mlxcelctl status`.

@@ -1,0 +1,125 @@
+//! Several sequences' prefill chunks in one forward pass (`Model::forward_packed`, what the
+//! engine runs when requests arrive together) give each sequence the logits and the greedy
+//! tokens it gets alone: on the CPU's formulation and on CUDA's (padded rows, through MLX's CPU
+//! reference of the fused ops), with one sequence continued from a chunk of an earlier pass.
+
+use mlxcel_daemon::device::{DeviceChoice, Placement};
+use mlxcel_daemon::kv::BatchKv;
+use mlxcel_daemon::paged::{PagedBatch, PagedChunks, PagedSeq};
+use mlxcel_daemon::pool::{BlockPool, PoolShape};
+use mlxcel_daemon::{Loaded, load_on, load_placed};
+use mlxcel_tests::{fixtures, ids, root};
+
+fn path() -> std::path::PathBuf {
+    root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn pool(m: &Loaded) -> BlockPool {
+    let c = &m.model.config;
+    BlockPool::new(PoolShape {
+        layers: c.layers,
+        num_blocks: 128,
+        block_tokens: 16,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        dtype: m.model.placement.dtype,
+    })
+    .expect("pool")
+}
+
+fn rows(logits: &mlx_rs::Array) -> Vec<Vec<f32>> {
+    logits.eval().expect("eval");
+    let vocab = *logits.shape().last().expect("vocab") as usize;
+    logits
+        .as_slice::<f32>()
+        .chunks(vocab)
+        .map(<[f32]>::to_vec)
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1));
+    best.map_or(0, |(i, _)| i as u32)
+}
+
+fn packed_prefill_matches_each_sequence_alone(m: &Loaded) {
+    let chats = fixtures()["chats"].as_array().expect("chats").clone();
+    let prompts: Vec<Vec<u32>> = chats.iter().map(|c| ids(&c["prompt_ids"])).collect();
+    let golden: Vec<Vec<u32>> = chats.iter().map(|c| ids(&c["greedy_ids"])).collect();
+    assert!(prompts.len() >= 3, "three golden chats");
+    // Alone: each prompt in one pass of its own.
+    let mut alone_pool = pool(m);
+    let mut alone = Vec::new();
+    for p in &prompts[..3] {
+        let mut seq = PagedSeq::default();
+        let l = m
+            .model
+            .forward(p, &mut seq.store(&mut alone_pool))
+            .expect("alone");
+        alone.push(rows(&l.reshape(&[1, -1]).expect("row")).remove(0));
+        seq.free(&mut alone_pool);
+    }
+    // Packed: chat 0 whole with chat 1's first half, then chat 1's rest with chat 2 whole.
+    let mut pool = pool(m);
+    let mut seqs: Vec<PagedSeq> = (0..3).map(|_| PagedSeq::default()).collect();
+    let half = prompts[1].len() / 2;
+    let (s0, rest) = seqs.split_at_mut(1);
+    let (s1, s2) = rest.split_at_mut(1);
+    let first = {
+        let mut kv = PagedChunks::new(vec![&mut s0[0], &mut s1[0]], &mut pool);
+        let chunks = [&prompts[0][..], &prompts[1][..half]];
+        rows(
+            &m.model
+                .forward_packed(&chunks, &mut kv)
+                .expect("first pass"),
+        )
+    };
+    let second = {
+        let mut kv = PagedChunks::new(vec![&mut s1[0], &mut s2[0]], &mut pool);
+        let chunks = [&prompts[1][half..], &prompts[2][..]];
+        rows(
+            &m.model
+                .forward_packed(&chunks, &mut kv)
+                .expect("second pass"),
+        )
+    };
+    let packed = [&first[0], &second[0], &second[1]];
+    for (i, (got, want)) in packed.iter().zip(&alone).enumerate() {
+        let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
+        let diff = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(
+            diff <= 1e-4 * scale,
+            "chat {i}: logits differ by {diff} (scale {scale})"
+        );
+        assert_eq!(argmax(got), golden[i][0], "chat {i}'s first token");
+    }
+    // The sequences go on from the packed passes as from their own: golden tokens, batched.
+    let mut next: Vec<u32> = (0..3).map(|i| golden[i][0]).collect();
+    let mut got: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+    for _ in 1..8 {
+        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
+        kv.reserve().expect("room");
+        let l = m.model.forward_batch(&next, &mut kv).expect("decode");
+        next = rows(&l).iter().map(|r| argmax(r)).collect();
+        got.iter_mut().zip(&next).for_each(|(g, &t)| g.push(t));
+    }
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g[..], golden[i][..8], "chat {i}'s first 8 tokens");
+    }
+    seqs.iter_mut().for_each(|s| s.free(&mut pool));
+}
+
+#[test]
+fn packed_prefill_gives_each_sequence_its_logits_and_golden_tokens_on_the_cpu() {
+    packed_prefill_matches_each_sequence_alone(&load_on(&path(), DeviceChoice::Cpu).expect("load"));
+}
+
+#[test]
+fn packed_prefill_gives_each_sequence_its_logits_and_golden_tokens_in_cudas_formulation() {
+    let m = load_placed(&path(), Placement::gpu_formulation_on_cpu(true)).expect("load");
+    assert!(m.model.placement.pads_prefill);
+    packed_prefill_matches_each_sequence_alone(&m);
+}
