@@ -230,23 +230,20 @@ impl BatchKv for PagedBatch<'_> {
                 return Err(no_room(1, s.len));
             }
         }
-        if self.write.is_none() {
-            let at: Vec<(BlockId, usize)> = self
-                .seqs
+        let (seqs, pool) = (&self.seqs, &mut *self.pool);
+        let plan = self.write.get_or_insert_with(|| {
+            let at: Vec<(BlockId, usize)> = seqs
                 .iter()
                 .map(|s| (s.table[s.len / bt], s.len % bt))
                 .collect();
-            self.write = Some(self.pool.plan_write(&at));
-        }
+            pool.plan_write(&at)
+        });
         // [batch, kv_heads, 1, head_dim] -> [kv_heads, batch, head_dim]
         let heads_first = |x: Array| -> Result<Array> {
             let s = x.shape().to_vec();
             Ok(x.reshape(&[s[0], s[1], s[3]])?.swap_axes(0, 1)?)
         };
-        if let Some(plan) = &self.write {
-            self.pool
-                .write_planned(layer, plan, &heads_first(k)?, &heads_first(v)?)?;
-        }
+        pool.write_planned(layer, plan, &heads_first(k)?, &heads_first(v)?)?;
         if self.plan.is_none() {
             let (shared, plan) = self.plan(layout)?;
             self.shared = shared;
@@ -363,11 +360,7 @@ fn append_to(
     if end > seq.table.len() * bt {
         return Err(no_room(t, start));
     }
-    if write.is_none() {
-        *write = Some(pool.plan_write(&seq.at(bt, start, end)));
-    }
-    if let Some(plan) = write {
-        pool.write_planned(layer, plan, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
-    }
+    let plan = write.get_or_insert_with(|| pool.plan_write(&seq.at(bt, start, end)));
+    pool.write_planned(layer, plan, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
     pool.spans(layer, &seq.table, end.div_ceil(bt))
 }

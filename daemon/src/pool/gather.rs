@@ -82,11 +82,11 @@ pub enum Order {
 pub struct Gather {
     rows: usize,
     blocks: usize,
-    layout: Order,
+    order: Order,
     /// Takes, in order: a slab and chunk ids within it.
     parts: Vec<(usize, Array)>,
     /// Where each output chunk is in the concatenated parts, when they are not in order.
-    order: Option<Array>,
+    reorder: Option<Array>,
 }
 
 impl Gather {
@@ -140,9 +140,9 @@ impl Gather {
         Ok(Gather {
             rows: tables.len(),
             blocks,
-            layout: order,
+            order,
             parts,
-            order: reorder,
+            reorder,
         })
     }
 
@@ -153,7 +153,7 @@ impl Gather {
 
     /// How the gathered chunks lie.
     pub fn order(&self) -> Order {
-        self.layout
+        self.order
     }
 }
 
@@ -217,15 +217,15 @@ impl BlockPool {
         } else {
             mlx_rs::ops::concatenate(&pieces, 0)?
         };
-        if let Some(order) = &plan.order {
-            x = x.take_axis(order, 0)?;
+        if let Some(reorder) = &plan.reorder {
+            x = x.take_axis(reorder, 0)?;
         }
         if word.is_some() {
             x = x.view_dtype(s.dtype)?;
         }
         let (rows, blocks) = (plan.rows as i32, plan.blocks as i32);
         let (kvh, bt, hd) = (s.kv_heads as i32, s.block_tokens as i32, s.head_dim as i32);
-        let x = match plan.layout {
+        let x = match plan.order {
             Order::HeadsFirst => x.reshape(&[2, kvh, rows, blocks * bt, hd])?,
             Order::RowsFirst => x.reshape(&[2, rows, kvh, blocks * bt, hd])?,
         };
