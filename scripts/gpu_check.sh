@@ -7,9 +7,9 @@
 # Usage: gpu_check.sh STAGE OUT
 #   STAGE (scripts/gpu_stage.sh + gpu_unstage.sh make one) holds site/ (MLX unpacked) or mlx.whl
 #   (mlx-cuda-13, the version setup pins), model.gguf (the default model) and
-#   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden` and `daemon_e2e` test executables, as
-#   `cargo test --release --no-run -p mlxcel-daemon --test golden -p mlxcel-tests --test
-#   daemon_e2e` built them). The test kit finds the binaries beside the test executable; the
+#   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden`, `daemon_e2e` and `pipelined_decode`
+#   test executables, as `cargo test --release --no-run -p mlxcel-daemon --test golden -p
+#   mlxcel-tests --test daemon_e2e --test pipelined_decode` built them). The test kit finds the binaries beside the test executable; the
 #   tests look for the checkout they were built in (it holds models/): BUILT_ROOT names it
 #   (default /work/main). BUILT_TARGET (default /tmp/cudat/release) gets copies of the binaries
 #   too, for executables built before the kit looked beside itself.
@@ -67,6 +67,7 @@ kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 
 "$STAGE/bin/daemon_e2e" --test-threads 1 > "$OUT/daemon_e2e.log" 2>&1 || status=1
-grep -h -E "^test |test result|golden: on" "$OUT"/golden.log "$OUT"/daemon_e2e.log
+"$STAGE/bin/pipelined_decode" --test-threads 1 > "$OUT/pipelined_decode.log" 2>&1 || status=1
+grep -h -E "^test |test result|golden: on" "$OUT"/golden.log "$OUT"/daemon_e2e.log "$OUT"/pipelined_decode.log
 grep -E "backend|warm|listening" "$OUT/daemon_startup.log" | head -5
 exit "$status"

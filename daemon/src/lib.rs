@@ -22,6 +22,7 @@
 //! - [`generate`]: the generation loop for one sequence.
 //! - [`export`]: a GGUF model written as an MLX / Hugging Face directory (for peer servers).
 
+pub mod batch_draw;
 pub mod cache_client;
 pub mod device;
 pub mod device_memory;

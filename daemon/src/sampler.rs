@@ -75,6 +75,28 @@ impl Sampler {
         self
     }
 
+    /// The request's settings.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Whether choices carry their log-probability.
+    pub fn logprobs(&self) -> bool {
+        self.logprobs
+    }
+
+    /// The next uniform in [0, 1) of the request's seeded generator, for a draw made elsewhere
+    /// ([`crate::batch_draw`]).
+    pub fn uniform(&mut self) -> f32 {
+        (self.rng.next_f64() as f32).min(1.0 - f32::EPSILON)
+    }
+
+    /// Records `token`, chosen elsewhere, as generated (for the penalties).
+    pub fn record(&mut self, token: u32) {
+        *self.generated.entry(token).or_insert(0) += 1;
+        self.seen.insert(token, ());
+    }
+
     /// Picks the next token from a logits array (`[vocab]` or `[1, vocab]`, f32).
     pub fn sample_logits(&mut self, logits: &mlx_rs::Array) -> crate::Result<Choice> {
         let row = logits
@@ -97,8 +119,7 @@ impl Sampler {
         } else {
             self.draw(&adjusted)
         };
-        *self.generated.entry(token).or_insert(0) += 1;
-        self.seen.insert(token, ());
+        self.record(token);
         Choice {
             token,
             logprob: self.logprobs.then(|| log_prob(logits, token)),

@@ -57,6 +57,7 @@ impl Engine {
             started_at: now,
             prefill_done_at: None,
             next_logits: None,
+            pending: None,
         });
     }
 

@@ -16,6 +16,7 @@
 
 mod cache_link;
 mod ceiling;
+mod decode;
 mod events;
 mod lifecycle;
 mod prefill;
@@ -175,6 +176,8 @@ struct Engine {
     sched: Scheduler<Sequence>,
     cache: CacheLink,
     preemptions: u64,
+    /// Decode steps queued so far (names each step's draw).
+    decode_steps: u64,
     clock: step_clock::StepClock,
     vitals: Vitals,
     /// MLX's active memory right after the model loaded.

@@ -8,6 +8,7 @@ use mlxcel_ipc::BlockHash;
 use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, RequestId, Usage};
 
 use crate::Result;
+use crate::batch_draw::Drawn;
 use crate::model::Model;
 use crate::paged::PagedSeq;
 use crate::pool::BlockPool;
@@ -39,8 +40,41 @@ pub struct Sequence {
     pub queued_at: Instant,
     pub started_at: Instant,
     pub prefill_done_at: Option<Instant>,
-    /// Logits of the last computed position, waiting to be sampled.
+    /// Logits of the last computed position, waiting to be sampled on the host.
     pub next_logits: Option<Logits>,
+    /// The next token, drawn on the device by the last decode step and not read yet.
+    pub pending: Option<Pending>,
+}
+
+/// A token drawn on the device ([`crate::batch_draw`]), row `row` of a step's draw: the next to
+/// send, and the input of the next step, which is queued before it is read.
+pub struct Pending {
+    pub drawn: Drawn,
+    pub row: usize,
+    /// Which decode step drew it (the rows of one draw share its arrays).
+    pub step: u64,
+}
+
+impl Pending {
+    /// Waits for the draw and reads the token and, when `logprob`, its log-probability.
+    pub fn read(&self, logprob: bool) -> Result<(u32, Option<f32>)> {
+        let internal = |e: mlx_rs::error::AsSliceError| {
+            crate::EngineError::Internal(format!("drawn tokens: {e}"))
+        };
+        let token = self.drawn.tokens.try_as_slice::<u32>().map_err(internal)?;
+        let token = *token
+            .get(self.row)
+            .ok_or_else(|| crate::EngineError::Internal("drawn tokens: no such row".into()))?;
+        let logprob = match (&self.drawn.logprobs, logprob) {
+            (Some(lp), true) => lp
+                .try_as_slice::<f32>()
+                .map_err(internal)?
+                .get(self.row)
+                .copied(),
+            _ => None,
+        };
+        Ok((token, logprob))
+    }
 }
 
 /// One row of an evaluated `[rows, vocab]` (or `[vocab]`) f32 logits array: a batched step's
@@ -138,19 +172,43 @@ impl Sequence {
             return Ok(Sampled::Finished(FinishReason::Length));
         };
         let choice = self.sampler.sample(logits.values()?);
-        if self.stop_ids.contains(&choice.token) {
-            return Ok(Sampled::Finished(FinishReason::Stop));
+        Ok(self.accept(choice.token, choice.logprob))
+    }
+
+    /// Reads the token the device drew for this sequence, sends it, and says whether to go on.
+    pub fn take_pending(&mut self) -> Result<Sampled> {
+        let Some(pending) = self.pending.take() else {
+            return Ok(Sampled::Finished(FinishReason::Length));
+        };
+        let (token, logprob) = pending.read(self.sampler.logprobs())?;
+        self.sampler.record(token);
+        Ok(self.accept(token, logprob))
+    }
+
+    /// Takes `token` as the next output: a stop token ends the sequence unsent; otherwise it is
+    /// sent, and the sequence ends at `max_tokens`.
+    fn accept(&mut self, token: u32, logprob: Option<f32>) -> Sampled {
+        if self.stop_ids.contains(&token) {
+            return Sampled::Finished(FinishReason::Stop);
         }
-        self.generated.push(choice.token);
+        self.generated.push(token);
         self.events.send(DaemonToFrontend::Token {
             request_id: self.id,
-            token: choice.token,
-            logprob: choice.logprob,
+            token,
+            logprob,
         });
         if self.generated.len() >= self.max_tokens {
-            return Ok(Sampled::Finished(FinishReason::Length));
+            return Sampled::Finished(FinishReason::Length);
         }
-        Ok(Sampled::Next(choice.token))
+        Sampled::Next(token)
+    }
+
+    /// Forgets this sequence's row of the last decode step: its input token ended the
+    /// sequence, so what the step stored and drew for it is void.
+    pub fn undo_last_step(&mut self) {
+        self.kv.len = self.kv.len.saturating_sub(1);
+        self.pending = None;
+        self.next_logits = None;
     }
 
     /// Token counts and timings so far.

@@ -115,6 +115,7 @@ impl Engine {
             }),
             cache: CacheLink::default(),
             preemptions: 0,
+            decode_steps: 0,
             clock: Default::default(),
             vitals: Vitals::default(),
             weights_bytes,

@@ -8,11 +8,9 @@ use mlxcel_ipc::proto::daemon::FinishReason;
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 
 use super::Engine;
-use super::sequence::{Logits, Sampled, Sequence};
 use super::step_clock::Phase;
 
 use crate::EngineError;
-use crate::paged::{PagedBatch, PagedSeq};
 
 /// Prompt tokens a step must compute before it gives their buffers back
 /// ([`super::give_back_transient_memory`]).
@@ -60,70 +58,11 @@ impl Engine {
         let prefilled = plan.iter().map(|(_, n)| n).sum::<usize>() >= GIVE_BACK_AFTER_TOKENS;
         self.prefill(plan);
         t = self.clock.lap(Phase::Prefill, t);
-        // Sample every ready sequence; those that go on need their new token computed.
-        let mut next: Vec<(usize, u32)> = Vec::new();
-        let mut finished: Vec<(usize, End)> = Vec::new();
-        for (i, s) in self.sched.running_mut().iter_mut().enumerate() {
-            if s.needs_prefill() || s.next_logits.is_none() {
-                continue;
-            }
-            match s.sample_next() {
-                Ok(Sampled::Next(token)) => next.push((i, token)),
-                Ok(Sampled::Finished(reason)) => finished.push((i, End::Finished(reason))),
-                Err(e) => {
-                    tracing::error!(request = s.id, error = %e, "sampling failed");
-                    finished.push((i, End::Failed(e)));
-                }
-            }
-        }
-        t = self.clock.lap(Phase::Sampling, t);
-        // Room for one more token each (sequences are untouched until the batch runs).
-        let mut batch: Vec<(usize, u32)> = Vec::new();
-        let mut starved: Vec<usize> = Vec::new();
-        for (i, token) in next {
-            if self.sched.running_mut()[i].kv.reserve(&mut self.pool, 1) {
-                batch.push((i, token));
-            } else {
-                starved.push(i);
-            }
-        }
-        if !batch.is_empty() {
-            let tokens: Vec<u32> = batch.iter().map(|&(_, t)| t).collect();
-            let pool = &mut self.pool;
-            let mut seqs: Vec<&mut Sequence> = self
-                .sched
-                .running_mut()
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| batch.iter().any(|&(b, _)| b == *i))
-                .map(|(_, s)| s)
-                .collect();
-            let result = {
-                let kv: Vec<&mut PagedSeq> = seqs.iter_mut().map(|s| &mut s.kv).collect();
-                let mut batch_kv = PagedBatch::new(kv, pool);
-                self.loaded.model.forward_batch(&tokens, &mut batch_kv)
-            };
-            let result = result.and_then(|l| {
-                l.eval()?;
-                Ok(l)
-            });
-            t = self.clock.lap(Phase::Model, t);
-            self.clock.decoded(batch.len());
-            match result {
-                Ok(logits) => {
-                    for (row, s) in seqs.into_iter().enumerate() {
-                        s.next_logits = Some(Logits::row(&logits, row));
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "batched decode step failed");
-                    for &(i, _) in &batch {
-                        let e = EngineError::Internal(format!("the decode step failed: {e}"));
-                        finished.push((i, End::Failed(e)));
-                    }
-                }
-            }
-        }
+        let super::decode::Decoded {
+            mut finished,
+            mut starved,
+        } = self.decode(t);
+        let t = Instant::now();
         // Retire finished sequences (highest index first so indexes stay valid), then handle
         // the ones that found no room.
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
@@ -199,6 +138,7 @@ impl Engine {
                     tracing::info!(request = s.id, "preempting: the KV pool is full");
                     s.kv.free(pool);
                     s.next_logits = None;
+                    s.pending = None;
                 });
                 self.preemptions += 1;
             }
@@ -212,7 +152,7 @@ impl Engine {
 }
 
 /// How a running sequence leaves the batch in a step.
-enum End {
+pub(super) enum End {
     /// It finished normally: its blocks are offered to the cache.
     Finished(FinishReason),
     /// It failed: the client gets the error and its blocks are freed.

@@ -1,8 +1,8 @@
 //! Warm-up: before the daemon listens, it runs the shapes the scheduler will use (prefill chunks:
 //! on a GPU every padded row count and every attention shape up to a long context, on the CPU one
-//! chunk; batched decode steps at the largest batch, masked and not) so no user waits on
-//! first-use costs (kernel builds on a GPU; BLAS work buffers and page faults on the CPU), and so
-//! the memory an idle daemon holds is what it holds after serving, not less.
+//! chunk; batched decode steps at the largest batch, masked and not, and their draws) so no user
+//! waits on first-use costs (kernel builds on a GPU; BLAS work buffers and page faults on the
+//! CPU), and so the memory an idle daemon holds is what it holds after serving, not less.
 
 use std::time::{Duration, Instant};
 
@@ -67,7 +67,7 @@ pub fn run(
             let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
             result = model
                 .forward_batch(&ids(batch), &mut kv)
-                .and_then(|l| Ok(l.eval()?));
+                .and_then(|l| warm_draws(&l, batch));
         }
         if result.is_ok() && batch > 1 {
             let mut kv = PagedBatch::new(seqs.iter_mut().skip(1).collect(), pool);
@@ -86,4 +86,23 @@ pub fn run(
         chunks: chunks.len(),
         attention_shapes,
     })
+}
+
+/// Draws a step's tokens from `logits` (`[rows, vocab]`) greedily and sampled with every filter,
+/// so that the device's draw kernels are built too.
+fn warm_draws(logits: &mlx_rs::Array, rows: usize) -> Result<()> {
+    use crate::batch_draw::{RowDraw, draw};
+    let greedy = RowDraw::new(&Default::default(), 0.0);
+    let sampled = RowDraw {
+        temperature: 1.0,
+        top_k: 40,
+        top_p: 0.9,
+        min_p: 0.05,
+        uniform: 0.5,
+    };
+    for row in [greedy, sampled] {
+        let drawn = draw(logits, &vec![row; rows], true)?;
+        mlx_rs::transforms::eval(drawn.logprobs.iter().chain([&drawn.tokens]))?;
+    }
+    Ok(())
 }

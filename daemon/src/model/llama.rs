@@ -263,19 +263,32 @@ impl Model {
     /// not one per row) and each row's own blocks (one gather, padded), one mask per step.
     /// Returns the logits, `[batch, vocab]` f32.
     pub fn forward_batch(&self, tokens: &[u32], kv: &mut dyn BatchKv) -> Result<Array> {
+        let ids = Array::from_slice(tokens, &[tokens.len() as i32]);
+        self.forward_step(&ids, kv)
+    }
+
+    /// [`Model::forward_batch`] over token ids already in an array (`[batch]`, u32): a step's
+    /// tokens drawn on the device by the step before, which need not be read first.
+    pub fn forward_step(&self, ids: &Array, kv: &mut dyn BatchKv) -> Result<Array> {
         let c = &self.config;
-        let b = tokens.len() as i32;
+        let b = ids.shape().first().copied().unwrap_or(0);
         kv.reserve()?;
         let lens: Vec<i32> = kv.lens().into_iter().map(|l| l as i32).collect();
+        if lens.len() != b as usize || ids.ndim() != 1 {
+            return Err(crate::EngineError::Internal(format!(
+                "a decode step of {} sequences got token ids of shape {:?}",
+                lens.len(),
+                ids.shape()
+            )));
+        }
         let rope = if self.placement.gpu {
             Rope::Fused(Offset::PerRow(Array::from_slice(&lens, &[b])))
         } else {
             Rope::Table(self.rotary.rows(&lens))
         };
-        let ids = Array::from_slice(tokens, &[b]);
         let mut x = self
             .embed
-            .take_axis(&ids, 0)?
+            .take_axis(ids, 0)?
             .reshape(&[b, 1, c.hidden as i32])?;
         let mut mask: Option<Array> = None;
         let mut mask_decided = false;
