@@ -140,22 +140,41 @@ impl Cache {
         let pool_blocks = daemon.geometry.pool_blocks;
         let mut outcome = DonateOutcome::default();
         let mut seen = HashSet::with_capacity(blocks.len());
-        let invalid = blocks.iter().any(|b| {
-            b.block >= pool_blocks || !seen.insert(b.block) || self.releases.contains(b.block)
+        let invalid = blocks.iter().find_map(|b| {
+            if b.block >= pool_blocks {
+                Some((b.block, "beyond the pool"))
+            } else if !seen.insert(b.block) {
+                Some((b.block, "named twice"))
+            } else if self.releases.contains(b.block) {
+                Some((b.block, "being released"))
+            } else {
+                None
+            }
         });
-        let prefix = if invalid {
+        let prefix = if invalid.is_some() {
             Vec::new()
         } else {
             self.cached_prefix(blocks.iter().map(|b| &b.hash))
         };
         let rest = &blocks[prefix.len()..];
-        let inconsistent = rest
-            .iter()
-            .any(|b| self.index.find(&b.hash).is_some() || self.index.holds_block(b.block));
-        if invalid || inconsistent {
+        let inconsistent = invalid.or_else(|| {
+            rest.iter().find_map(|b| {
+                if self.index.find(&b.hash).is_some() {
+                    Some((b.block, "its hash is cached off the donated chain"))
+                } else if self.index.holds_block(b.block) {
+                    Some((b.block, "the cache holds it for another hash"))
+                } else {
+                    None
+                }
+            })
+        });
+        if let Some((block, why)) = inconsistent {
             tracing::warn!(
                 call,
                 blocks = blocks.len(),
+                cached_prefix = prefix.len(),
+                block,
+                why,
                 "donation refused: invalid or inconsistent block ids"
             );
             self.refuse(
