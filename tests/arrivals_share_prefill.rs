@@ -2,11 +2,9 @@
 //! chunks of every sequence it prefills in one forward pass (the daemon's counts show a pass
 //! with more than one chunk), and each request still gets its golden tokens.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use mlxcel_ipc::proto::daemon::DaemonToFrontend;
-use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate, health};
+use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate, health, replies};
 use mlxcel_tests::{fixtures, ids, root};
 
 #[tokio::test]
@@ -34,26 +32,10 @@ async fn arrivals_share_prefill_passes_and_keep_their_golden_tokens() {
             .await
             .unwrap();
     }
-    let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
-    let mut done = 0;
-    while done < 3 {
-        match c
-            .read_frame::<DaemonToFrontend>()
-            .await
-            .unwrap()
-            .expect("open")
-        {
-            DaemonToFrontend::Token {
-                request_id, token, ..
-            } => tokens.entry(request_id).or_default().push(token),
-            DaemonToFrontend::Done { .. } => done += 1,
-            DaemonToFrontend::Failed { error, .. } => panic!("{error}"),
-            _ => {}
-        }
-    }
+    let replies = replies(&mut c, 3).await;
     for (i, chat) in chats.iter().take(2).enumerate() {
         let want = ids(&chat["greedy_ids"]);
-        assert_eq!(tokens[&(2 + i as u64)], want[..8], "chat {i}");
+        assert_eq!(replies[&(2 + i as u64)].tokens, want[..8], "chat {i}");
     }
     let after = health(&mut c).await.steps;
     let (passes, chunks) = (

@@ -3,11 +3,10 @@
 //! step computed for it after that token sends nothing), rows sampled on the host (penalties)
 //! share the batch with drawn rows, and every request keeps its golden tokens.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, FrontendToDaemon, Sampling};
-use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate, health, reply};
+use mlxcel_ipc::proto::daemon::{FinishReason, FrontendToDaemon, Sampling};
+use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate, health, replies, reply};
 use mlxcel_tests::{fixtures, ids, root};
 
 fn with(
@@ -19,55 +18,6 @@ fn with(
     };
     edit(&mut g);
     FrontendToDaemon::Generate(g)
-}
-
-/// Every event of `n` requests until each is done: tokens, log-probabilities, how it ended.
-async fn replies(
-    c: &mut mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream>,
-    n: usize,
-) -> HashMap<u64, Ended> {
-    let mut open: HashMap<u64, (Vec<u32>, Vec<Option<f32>>)> = HashMap::new();
-    let mut done = HashMap::new();
-    while done.len() < n {
-        match c
-            .read_frame::<DaemonToFrontend>()
-            .await
-            .unwrap()
-            .expect("open")
-        {
-            DaemonToFrontend::Token {
-                request_id,
-                token,
-                logprob,
-            } => {
-                let r = open.entry(request_id).or_default();
-                r.0.push(token);
-                r.1.push(logprob);
-            }
-            DaemonToFrontend::Done {
-                request_id, finish, ..
-            } => {
-                let (tokens, logprobs) = open.remove(&request_id).unwrap_or_default();
-                done.insert(
-                    request_id,
-                    Ended {
-                        tokens,
-                        logprobs,
-                        finish,
-                    },
-                );
-            }
-            DaemonToFrontend::Failed { error, .. } => panic!("{error}"),
-            _ => {}
-        }
-    }
-    done
-}
-
-struct Ended {
-    tokens: Vec<u32>,
-    logprobs: Vec<Option<f32>>,
-    finish: FinishReason,
 }
 
 #[tokio::test]

@@ -148,6 +148,53 @@ pub async fn reply(
     }
 }
 
+/// Reads every event until `n` requests are done, whichever they are; each one's reply by
+/// request id. Panics if one fails or the daemon closes.
+pub async fn replies(
+    c: &mut mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream>,
+    n: usize,
+) -> std::collections::HashMap<u64, Reply> {
+    use mlxcel_ipc::proto::daemon::DaemonToFrontend;
+    type Open = (Vec<u32>, Vec<Option<f32>>);
+    let mut open: std::collections::HashMap<u64, Open> = Default::default();
+    let mut done = std::collections::HashMap::new();
+    while done.len() < n {
+        match c
+            .read_frame::<DaemonToFrontend>()
+            .await
+            .expect("a frame from the daemon")
+            .expect("daemon closed")
+        {
+            DaemonToFrontend::Token {
+                request_id,
+                token,
+                logprob,
+            } => {
+                let r = open.entry(request_id).or_default();
+                r.0.push(token);
+                r.1.push(logprob);
+            }
+            DaemonToFrontend::Done {
+                request_id,
+                finish,
+                usage,
+            } => {
+                let (tokens, logprobs) = open.remove(&request_id).unwrap_or_default();
+                let reply = Reply {
+                    tokens,
+                    logprobs,
+                    finish,
+                    usage,
+                };
+                done.insert(request_id, reply);
+            }
+            DaemonToFrontend::Failed { error, .. } => panic!("request failed: {error}"),
+            _ => {}
+        }
+    }
+    done
+}
+
 /// Request `request_id`'s tokens (see [`reply`]).
 pub async fn tokens_until_done(
     c: &mut mlxcel_ipc::Connection<mlxcel_ipc::socket::LocalStream>,
