@@ -169,14 +169,26 @@ impl Cache {
             })
         });
         if let Some((block, why)) = inconsistent {
-            tracing::warn!(
-                call,
-                blocks = blocks.len(),
-                cached_prefix = prefix.len(),
-                block,
-                why,
-                "donation refused: invalid or inconsistent block ids"
-            );
+            if why == "being released" {
+                // The daemon donated before it applied a release sent meanwhile (a finished
+                // sequence still held the evicted block): a race of one engine step, not a lie.
+                tracing::info!(
+                    call,
+                    blocks = blocks.len(),
+                    block,
+                    "donation refused: it names a block being released (the daemon had not \
+                     applied the release yet)"
+                );
+            } else {
+                tracing::warn!(
+                    call,
+                    blocks = blocks.len(),
+                    cached_prefix = prefix.len(),
+                    block,
+                    why,
+                    "donation refused: invalid or inconsistent block ids"
+                );
+            }
             self.refuse(
                 &mut outcome,
                 rest.iter().map(|b| b.block),
