@@ -9,8 +9,8 @@
 #   (mlx-cuda-13, the version setup pins), model.gguf (the default model) and
 #   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden`, `daemon_e2e` and `pipelined_decode`
 #   test executables, as `cargo test --release --no-run -p mlxcel-daemon --test golden -p
-#   mlxcel-tests --test daemon_e2e --test pipelined_decode` built them). The test kit finds the binaries beside the test executable; the
-#   tests look for the checkout they were built in (it holds models/): BUILT_ROOT names it
+#   mlxcel-tests --test daemon_e2e --test pipelined_decode` built them). The test kit finds the
+#   binaries beside the test executable; the tests look for the checkout they were built in (it holds models/): BUILT_ROOT names it
 #   (default /work/main). BUILT_TARGET (default /tmp/cudat/release) gets copies of the binaries
 #   too, for executables built before the kit looked beside itself.
 set -uo pipefail
