@@ -11,8 +11,9 @@
 #   test executables, as `cargo test --release --no-run -p mlxcel-daemon --test golden -p
 #   mlxcel-tests --test daemon_e2e --test pipelined_decode` built them). The test kit finds the
 #   binaries beside the test executable; the tests look for the checkout they were built in
-#   (it holds models/): BUILT_ROOT names it (default /work/main). BUILT_TARGET (default /tmp/cudat/release) gets copies of the binaries
-#   too, for executables built before the kit looked beside itself.
+#   (it holds models/): BUILT_ROOT names it (default /work/main). BUILT_TARGET (default
+#   /tmp/cudat/release) gets copies of the binaries too, for executables built before the kit
+#   looked beside itself.
 set -uo pipefail
 
 STAGE="$1"
