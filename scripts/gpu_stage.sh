@@ -9,8 +9,8 @@
 #   there (`cargo build --release --bins`, `cargo build --release --benches -p mlxcel-daemon`,
 #   `cargo test --release --no-run -p mlxcel-daemon --test golden -p mlxcel-tests --test
 #   daemon_e2e --test pipelined_decode`). OUT (default build/gpu-stage, ignored by git) gets
-#   p0/, p1/, ...: carry each as one call's `carry` path. PART_BYTES (default 58000000) bounds a part: the working tree
-#   travels with it and a call takes 64 MB in all.
+#   p0/, p1/, ...: carry each as one call's `carry` path. PART_BYTES (default 58000000) bounds
+#   a part: the working tree travels with it and a call takes 64 MB in all.
 set -euo pipefail
 
 TREE="$(cd "$1" && pwd)"
