@@ -52,8 +52,7 @@ impl Engine {
                     continue;
                 }
                 // Its last token: nothing to compute after it.
-                s.pending = Some(p);
-                s.take_pending()
+                s.accept_drawn(p)
             } else {
                 continue;
             };
@@ -77,8 +76,7 @@ impl Engine {
                 continue;
             }
             if let Input::Device(p) = input {
-                s.pending = Some(p);
-                match s.take_pending() {
+                match s.accept_drawn(p) {
                     Ok(Sampled::Next(_)) => {}
                     Ok(Sampled::Finished(reason)) => {
                         out.finished.push((i, End::Finished(reason)));
@@ -111,11 +109,7 @@ impl Engine {
         for (i, input) in batch {
             let Input::Device(p) = input else { continue };
             let s = &mut self.sched.running_mut()[i];
-            let drawn_next = s.pending.take();
-            s.pending = Some(p);
-            let sampled = s.take_pending();
-            s.pending = drawn_next;
-            match sampled {
+            match s.accept_drawn(p) {
                 Ok(Sampled::Next(_)) => {}
                 Ok(Sampled::Finished(reason)) => {
                     s.undo_last_step();

@@ -175,11 +175,8 @@ impl Sequence {
         Ok(self.accept(choice.token, choice.logprob))
     }
 
-    /// Reads the token the device drew for this sequence, sends it, and says whether to go on.
-    pub fn take_pending(&mut self) -> Result<Sampled> {
-        let Some(pending) = self.pending.take() else {
-            return Ok(Sampled::Finished(FinishReason::Length));
-        };
+    /// Reads the token `pending` holds for this sequence, sends it, and says whether to go on.
+    pub fn accept_drawn(&mut self, pending: Pending) -> Result<Sampled> {
         let (token, logprob) = pending.read(self.sampler.logprobs())?;
         self.sampler.record(token);
         Ok(self.accept(token, logprob))
