@@ -66,6 +66,10 @@ pub struct Placement {
     /// per row count). Not on Metal, whose kernels are specialized by alignment only (MLX's
     /// `align_Q` / `align_K` function constants), so padding would only add work there.
     pub pads_prefill: bool,
+    /// Join the projections that read one input (q/k/v, gate/up) into one matmul at load
+    /// (`model::joined`): on a GPU, where each matmul costs the host a kernel launch per layer
+    /// per step. `MLXCEL_JOIN_PROJECTIONS=0` keeps them apart, to measure what it buys.
+    pub joins_projections: bool,
 }
 
 impl Placement {
@@ -90,6 +94,7 @@ impl Placement {
                 dtype: Dtype::Float32,
                 keep_quantized: false,
                 pads_prefill: false,
+                joins_projections: false,
             }
         } else {
             Placement {
@@ -98,6 +103,7 @@ impl Placement {
                 dtype: Dtype::Float16,
                 keep_quantized: true,
                 pads_prefill: backend == Backend::Cuda,
+                joins_projections: std::env::var("MLXCEL_JOIN_PROJECTIONS").as_deref() != Ok("0"),
             }
         };
         Device::set_default(&if placement.gpu {
@@ -120,6 +126,7 @@ impl Placement {
             dtype: Dtype::Float32,
             keep_quantized: false,
             pads_prefill: padded,
+            joins_projections: true,
         }
     }
 

@@ -10,6 +10,7 @@ use super::attention::{
 use super::config::ModelConfig;
 use super::fast_exp;
 use super::fused_prefill;
+use super::joined::Joined;
 use super::rotary::{Angles, Rotary};
 use super::span_attention;
 use super::weights::{Linear, Weights};
@@ -45,15 +46,14 @@ pub enum LayerPart {
 
 struct Layer {
     attn_norm: Array,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// q, k and v.
+    qkv: Joined,
     o: Linear,
     q_norm: Option<Array>,
     k_norm: Option<Array>,
     ffn_norm: Array,
-    gate: Linear,
-    up: Linear,
+    /// The MLP's gate and up.
+    gate_up: Joined,
     down: Linear,
 }
 
@@ -85,17 +85,21 @@ impl Model {
         let mut layers = Vec::with_capacity(config.layers);
         for i in 0..config.layers {
             let n = |p| names.layer(i, p);
+            let linears = |parts: &[LayerPart]| -> Result<Joined> {
+                let parts = parts
+                    .iter()
+                    .map(|&p| weights.linear(&n(p), placement))
+                    .collect::<Result<Vec<_>>>()?;
+                Joined::new(parts, placement)
+            };
             layers.push(Layer {
                 attn_norm: norm(n(LayerPart::AttnNorm))?,
-                q: weights.linear(&n(LayerPart::Q), placement)?,
-                k: weights.linear(&n(LayerPart::K), placement)?,
-                v: weights.linear(&n(LayerPart::V), placement)?,
+                qkv: linears(&[LayerPart::Q, LayerPart::K, LayerPart::V])?,
                 o: weights.linear(&n(LayerPart::O), placement)?,
                 q_norm: weights.vector(&n(LayerPart::QNorm), dt)?,
                 k_norm: weights.vector(&n(LayerPart::KNorm), dt)?,
                 ffn_norm: norm(n(LayerPart::FfnNorm))?,
-                gate: weights.linear(&n(LayerPart::Gate), placement)?,
-                up: weights.linear(&n(LayerPart::Up), placement)?,
+                gate_up: linears(&[LayerPart::Gate, LayerPart::Up])?,
                 down: weights.linear(&n(LayerPart::Down), placement)?,
             });
         }
@@ -127,10 +131,10 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|x| x.nbytes())
-                    .sum::<usize>()
+                l.qkv.nbytes()
+                    + l.gate_up.nbytes()
+                    + l.o.nbytes()
+                    + l.down.nbytes()
                     + l.attn_norm.nbytes()
                     + l.ffn_norm.nbytes()
                     + l.q_norm.as_ref().map_or(0, Array::nbytes)
@@ -141,17 +145,20 @@ impl Model {
     }
 
     fn project(&self, layer: &Layer, h: &Array) -> Result<(Array, Array, Array)> {
-        Ok((
-            layer.q.forward(h)?,
-            layer.k.forward(h)?,
-            layer.v.forward(h)?,
-        ))
+        match <[Array; 3]>::try_from(layer.qkv.forward(h)?) {
+            Ok([q, k, v]) => Ok((q, k, v)),
+            Err(_) => Err(crate::EngineError::Internal(
+                "q, k and v projections are not three".into(),
+            )),
+        }
     }
 
     /// The feed-forward block of `layer` (RMS norm, SwiGLU) on the residual stream `x`.
     fn mlp(&self, layer: &Layer, x: &Array) -> Result<Array> {
         let h = fast::rms_norm(x, Some(&layer.ffn_norm), self.config.rms_eps)?;
-        let (g, u) = (layer.gate.forward(&h)?, layer.up.forward(&h)?);
+        let [g, u] = <[Array; 2]>::try_from(layer.gate_up.forward(&h)?).map_err(|_| {
+            crate::EngineError::Internal("gate and up projections are not two".into())
+        })?;
         let act = if self.placement.gpu {
             ops::multiply(&nn::silu(g)?, &u)?
         } else {

@@ -7,6 +7,7 @@
 //! - [`safetensors`]: loading an MLX / Hugging Face directory.
 //! - [`fast_exp`]: `exp` for the CPU backend (softmax, SiLU), compiled from fast ops.
 //! - [`rotary`]: RoPE for the CPU backend, from angles computed once per forward pass.
+//! - [`joined`]: q/k/v and gate/up joined into one matmul each at load (GPU).
 //! - [`skinny`]: the decode step's matmul on the CPU (few rows, no `sgemm` packing).
 //! - [`span_attention`]: attention on the CPU read straight from the K/V spans.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
@@ -17,6 +18,7 @@ mod fast_exp;
 mod fused_prefill;
 pub mod gguf;
 pub mod gguf_check;
+mod joined;
 pub mod llama;
 mod rotary;
 pub mod safetensors;

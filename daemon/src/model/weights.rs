@@ -21,6 +21,7 @@ pub struct Weights {
 }
 
 /// A linear layer `y = x · Wᵀ (+ b)`.
+#[derive(Clone)]
 pub enum Linear {
     /// A dense weight stored transposed (`[in, out]`) for a plain matmul; on a CPU that can,
     /// also the few-row kernel over the same buffer.
@@ -48,6 +49,44 @@ impl Linear {
             wt: w.t(),
             bias,
             skinny,
+        }
+    }
+
+    /// Output features (rows of the weight).
+    pub fn out_features(&self) -> i32 {
+        match self {
+            Linear::Dense { wt, .. } => wt.shape()[1],
+            Linear::Quantized { w, .. } => w.shape()[0],
+        }
+    }
+
+    /// The added bias, if any.
+    pub fn bias(&self) -> Option<&Array> {
+        match self {
+            Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+        }
+    }
+
+    /// A dense layer's weight as `[out, in]` (a view), None for a quantized one.
+    pub fn dense_weight(&self) -> Option<Array> {
+        match self {
+            Linear::Dense { wt, .. } => Some(wt.t()),
+            Linear::Quantized { .. } => None,
+        }
+    }
+
+    /// A quantized layer's packed weight, scales, biases, group size and bits.
+    pub fn quantized(&self) -> Option<(&Array, &Array, &Array, i32, i32)> {
+        match self {
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                group_size,
+                bits,
+                ..
+            } => Some((w, scales, biases, *group_size, *bits)),
+            Linear::Dense { .. } => None,
         }
     }
 
