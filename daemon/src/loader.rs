@@ -37,14 +37,17 @@ pub fn load_placed(path: &Path, placement: Placement) -> Result<Loaded> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (model, text) = if path.is_dir() {
-        let (config, weights) = safetensors::load(path)?;
+        let (config, mut weights) = safetensors::load(path)?;
         let text = TextInfo::from_hf_dir(path, config.context_length)?;
-        (Model::build(config, &weights, &HfNames, placement)?, text)
+        (
+            Model::build(config, &mut weights, &HfNames, placement)?,
+            text,
+        )
     } else if is_gguf || !path.exists() {
-        let g = gguf::load(path)?;
+        let mut g = gguf::load(path)?;
         let text = TextInfo::from_gguf(&g.vocab)?;
         (
-            Model::build(g.config, &g.weights, &GgufNames, placement)?,
+            Model::build(g.config, &mut g.weights, &GgufNames, placement)?,
             text,
         )
     } else {

@@ -57,6 +57,44 @@ struct Layer {
     down: Linear,
 }
 
+impl Layer {
+    /// Layer `i`'s tensors, taken out of `weights`.
+    fn build(
+        weights: &mut Weights,
+        names: &dyn TensorNames,
+        i: usize,
+        placement: Placement,
+    ) -> Result<Layer> {
+        let (n, dt) = (|p| names.layer(i, p), placement.dtype);
+        let mut linears = |parts: &[LayerPart]| -> Result<Joined> {
+            let parts = parts
+                .iter()
+                .map(|&p| weights.linear(&n(p), placement))
+                .collect::<Result<Vec<_>>>()?;
+            Joined::new(parts, placement)
+        };
+        let qkv = linears(&[LayerPart::Q, LayerPart::K, LayerPart::V])?;
+        let gate_up = linears(&[LayerPart::Gate, LayerPart::Up])?;
+        Ok(Layer {
+            attn_norm: norm(weights, n(LayerPart::AttnNorm), dt)?,
+            qkv,
+            o: weights.linear(&n(LayerPart::O), placement)?,
+            q_norm: weights.vector(&n(LayerPart::QNorm), dt)?,
+            k_norm: weights.vector(&n(LayerPart::KNorm), dt)?,
+            ffn_norm: norm(weights, n(LayerPart::FfnNorm), dt)?,
+            gate_up,
+            down: weights.linear(&n(LayerPart::Down), placement)?,
+        })
+    }
+}
+
+/// A norm's weight (required), cast to `dtype`.
+fn norm(weights: &Weights, name: String, dtype: Dtype) -> Result<Array> {
+    weights
+        .vector(&name, dtype)?
+        .ok_or_else(|| crate::EngineError::Request(format!("tensor `{name}` is missing")))
+}
+
 /// A loaded model, ready to run.
 pub struct Model {
     pub config: ModelConfig,
@@ -69,39 +107,19 @@ pub struct Model {
 }
 
 impl Model {
-    /// Builds the model from `weights` named by `names`.
+    /// Builds the model from `weights` named by `names`, taking each layer's tensors out of
+    /// `weights` as it goes: what a load makes of them (dequantized, cast or joined weights)
+    /// then replaces them one layer at a time instead of beside the whole file.
     pub fn build(
         config: ModelConfig,
-        weights: &Weights,
+        weights: &mut Weights,
         names: &dyn TensorNames,
         placement: Placement,
     ) -> Result<Model> {
         let dt = placement.dtype;
-        let norm = |name: String| -> Result<Array> {
-            weights
-                .vector(&name, dt)?
-                .ok_or_else(|| crate::EngineError::Request(format!("tensor `{name}` is missing")))
-        };
         let mut layers = Vec::with_capacity(config.layers);
         for i in 0..config.layers {
-            let n = |p| names.layer(i, p);
-            let linears = |parts: &[LayerPart]| -> Result<Joined> {
-                let parts = parts
-                    .iter()
-                    .map(|&p| weights.linear(&n(p), placement))
-                    .collect::<Result<Vec<_>>>()?;
-                Joined::new(parts, placement)
-            };
-            layers.push(Layer {
-                attn_norm: norm(n(LayerPart::AttnNorm))?,
-                qkv: linears(&[LayerPart::Q, LayerPart::K, LayerPart::V])?,
-                o: weights.linear(&n(LayerPart::O), placement)?,
-                q_norm: weights.vector(&n(LayerPart::QNorm), dt)?,
-                k_norm: weights.vector(&n(LayerPart::KNorm), dt)?,
-                ffn_norm: norm(n(LayerPart::FfnNorm))?,
-                gate_up: linears(&[LayerPart::Gate, LayerPart::Up])?,
-                down: weights.linear(&n(LayerPart::Down), placement)?,
-            });
+            layers.push(Layer::build(weights, names, i, placement)?);
         }
         let embed = weights.dense(&names.embed(), dt)?;
         embed.eval()?;
@@ -111,7 +129,7 @@ impl Model {
             // Tied output head: reuse the (dequantized) embedding table.
             Linear::dense(embed.clone(), None, placement)
         };
-        let norm = norm(names.output_norm())?;
+        let norm = norm(weights, names.output_norm(), dt)?;
         let rotary = Rotary::new(config.head_dim, config.rope_theta, config.rope_traditional);
         Ok(Model {
             rotary,

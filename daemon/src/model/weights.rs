@@ -184,8 +184,19 @@ impl Weights {
         self.tensors.get(name).map(|a| cast(a, dtype)).transpose()
     }
 
-    /// A linear layer `name` (with `name.bias` if present), placed as `placement` wants.
-    pub fn linear(&self, name: &str, placement: Placement) -> Result<Linear> {
+    /// A linear layer `name` (with `name.bias` if present), placed as `placement` wants, its
+    /// tensors taken out of the file's: the layer holds what it needs, and a copy made here or
+    /// later (dequantized, cast, joined) does not keep the file's tensor alive beside it.
+    pub fn linear(&mut self, name: &str, placement: Placement) -> Result<Linear> {
+        let linear = self.linear_of(name, placement)?;
+        for key in ["weight", "scales", "biases", "bias"] {
+            self.tensors.remove(&format!("{name}.{key}"));
+        }
+        self.tensors.remove(name);
+        Ok(linear)
+    }
+
+    fn linear_of(&self, name: &str, placement: Placement) -> Result<Linear> {
         let bias = self.vector(&format!("{name}.bias"), placement.dtype)?;
         if placement.keep_quantized
             && let Some((scales, biases, bits)) = self.quantization(name)?
