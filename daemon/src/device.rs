@@ -67,9 +67,14 @@ pub struct Placement {
     /// `align_Q` / `align_K` function constants), so padding would only add work there.
     pub pads_prefill: bool,
     /// Join the projections that read one input (q/k/v, gate/up) into one matmul at load
-    /// (`model::joined`): on a GPU, where each matmul costs the host a kernel launch per layer
-    /// per step. `MLXCEL_JOIN_PROJECTIONS=0` keeps them apart, to measure what it buys.
+    /// (`model::joined`): fewer, larger matmuls per layer per step, on every device.
+    /// `MLXCEL_JOIN_PROJECTIONS=0` keeps them apart, to measure what it buys.
     pub joins_projections: bool,
+}
+
+/// Whether to join projections: yes, unless `MLXCEL_JOIN_PROJECTIONS=0`.
+fn joins_projections() -> bool {
+    std::env::var("MLXCEL_JOIN_PROJECTIONS").as_deref() != Ok("0")
 }
 
 impl Placement {
@@ -94,7 +99,7 @@ impl Placement {
                 dtype: Dtype::Float32,
                 keep_quantized: false,
                 pads_prefill: false,
-                joins_projections: false,
+                joins_projections: joins_projections(),
             }
         } else {
             Placement {
@@ -103,7 +108,7 @@ impl Placement {
                 dtype: Dtype::Float16,
                 keep_quantized: true,
                 pads_prefill: backend == Backend::Cuda,
-                joins_projections: std::env::var("MLXCEL_JOIN_PROJECTIONS").as_deref() != Ok("0"),
+                joins_projections: joins_projections(),
             }
         };
         Device::set_default(&if placement.gpu {

@@ -1,8 +1,9 @@
 //! Projections that read the same input, joined into one weight at load: q, k and v, and the
-//! MLP's gate and up. On a GPU every matmul is a kernel (at more than one row, a cuBLAS call)
-//! that the host prepares for each layer of each step, and a decode step there is host-bound:
-//! one matmul of the joined weight does the work of three (or two) with one call, and its
-//! output is cut back into the parts by views.
+//! MLP's gate and up. One matmul of the joined weight does the work of three (or two) with one
+//! op, and its output is cut back into the parts by views. On a GPU every matmul is a kernel
+//! (at more than one row, a cuBLAS call) that the host prepares for each layer of each step,
+//! and a decode step there is host-bound; on the CPU each op is a graph node, and the few-row
+//! kernel reads one weight in one pass.
 
 use mlx_rs::{Array, ops};
 
