@@ -123,8 +123,8 @@ mod tests {
     }
 
     fn joining() -> Placement {
-        let mut p = Placement::gpu_formulation_on_cpu(false);
-        p.joins_projections = true;
+        let p = Placement::gpu_formulation_on_cpu(false);
+        assert!(p.joins_projections);
         p
     }
 
