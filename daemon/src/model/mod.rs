@@ -8,7 +8,8 @@
 //! - [`fast_exp`]: `exp` for the CPU backend (softmax, SiLU), compiled from fast ops.
 //! - [`rotary`]: RoPE for the CPU backend, from angles computed once per forward pass.
 //! - [`joined`]: q/k/v and gate/up joined into one matmul each at load (GPU).
-//! - [`skinny`]: the decode step's matmul on the CPU (few rows, no `sgemm` packing).
+//! - [`skinny`]: the decode step's matmul on the CPU (few rows, no `sgemm` packing);
+//!   [`skinny_cuda`]: on CUDA (2–16 rows, a custom kernel instead of a cuBLAS call).
 //! - [`span_attention`]: attention on the CPU read straight from the K/V spans.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
@@ -23,6 +24,7 @@ pub mod llama;
 mod rotary;
 pub mod safetensors;
 mod skinny;
+pub mod skinny_cuda;
 mod span_attention;
 pub mod weights;
 

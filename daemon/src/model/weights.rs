@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use mlx_rs::{Array, Dtype, ops};
 
 use super::skinny::Skinny;
-use crate::device::Placement;
+use super::skinny_cuda::CudaSkinny;
+use crate::device::{Backend, Placement};
 use crate::{EngineError, Result};
 
 /// Tensors by name, as the file names them.
@@ -23,12 +24,12 @@ pub struct Weights {
 /// A linear layer `y = x · Wᵀ (+ b)`.
 #[derive(Clone)]
 pub enum Linear {
-    /// A dense weight stored transposed (`[in, out]`) for a plain matmul; on a CPU that can,
-    /// also the few-row kernel over the same buffer.
+    /// A dense weight stored transposed (`[in, out]`) for a plain matmul; where one runs, also
+    /// a few-row kernel over the same buffer.
     Dense {
         wt: Array,
         bias: Option<Array>,
-        skinny: Option<Skinny>,
+        skinny: Option<FewRows>,
     },
     /// MLX affine-quantized weight.
     Quantized {
@@ -44,7 +45,11 @@ pub enum Linear {
 impl Linear {
     /// A dense layer over `w` (`[out, in]`, evaluated).
     pub fn dense(w: Array, bias: Option<Array>, placement: Placement) -> Linear {
-        let skinny = if placement.gpu { None } else { Skinny::new(&w) };
+        let skinny = match placement.backend {
+            Backend::Cpu if !placement.gpu => Skinny::new(&w).map(FewRows::Cpu),
+            Backend::Cuda => CudaSkinny::new(&w).map(FewRows::Cuda),
+            _ => None,
+        };
         Linear::Dense {
             wt: w.t(),
             bias,
@@ -138,6 +143,24 @@ impl Linear {
             Some(b) => ops::add(&y, b)?,
             None => y,
         })
+    }
+}
+
+/// The decode step's matmul for a few rows, where the device's own costs more per call: the
+/// CPU's `sgemm` packs the whole weight, CUDA's cuBLAS costs the host ~20 µs a call.
+#[derive(Clone)]
+pub enum FewRows {
+    Cpu(Skinny),
+    Cuda(CudaSkinny),
+}
+
+impl FewRows {
+    /// `x · Wᵀ`, or `None` where `x` is not for this kernel (the caller runs MLX's matmul).
+    fn forward(&self, x: &Array) -> Result<Option<Array>> {
+        match self {
+            FewRows::Cpu(k) => k.forward(x),
+            FewRows::Cuda(k) => k.forward(x),
+        }
     }
 }
 

@@ -1,0 +1,118 @@
+//! The few-row CUDA matmul (`model::skinny_cuda`) gives what MLX's matmul gives, for every
+//! dtype it takes, row counts across its buckets, weights whose rows are not a multiple of a
+//! block's and whose width is not a multiple of a 16-byte load. Needs a CUDA GPU: without one
+//! each test says it was skipped (CI has none; `scripts/gpu_check.sh` runs them on one).
+
+use mlx_rs::{Array, Dtype, ops, random};
+use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
+use mlxcel_daemon::model::skinny_cuda::{CudaSkinny, MAX_ROWS};
+use mlxcel_daemon::model::weights::Linear;
+
+fn on_cuda() -> Option<Placement> {
+    let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
+    if placement.backend == Backend::Cuda {
+        return Some(placement);
+    }
+    eprintln!(
+        "skipped: no CUDA GPU here (backend {}), nothing checked",
+        placement.backend
+    );
+    None
+}
+
+fn normal(shape: &[i32], dtype: Dtype, scale: f32) -> Array {
+    let a = random::normal::<f32>(shape, None, None, None).unwrap();
+    ops::multiply(&a, Array::from_f32(scale))
+        .unwrap()
+        .as_dtype(dtype)
+        .unwrap()
+}
+
+/// Largest |a - b| over |b|'s largest, both read as f32.
+fn relative_error(a: &Array, b: &Array) -> f32 {
+    let (a, b) = (
+        a.as_dtype(Dtype::Float32).unwrap(),
+        b.as_dtype(Dtype::Float32).unwrap(),
+    );
+    let diff = ops::abs(ops::subtract(&a, &b).unwrap())
+        .unwrap()
+        .max(None)
+        .unwrap();
+    let size = ops::abs(&b).unwrap().max(None).unwrap();
+    diff.item_cast::<f32>() / size.item_cast::<f32>().max(1e-6)
+}
+
+#[test]
+fn the_kernel_matches_mlx_matmul_for_every_dtype_row_count_and_odd_shape() {
+    let Some(_) = on_cuda() else { return };
+    // (out, in): a projection's shape, rows not a multiple of 8, a width not a multiple of 8.
+    let shapes = [(1024, 4096), (1000, 512), (72, 100)];
+    for dtype in [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32] {
+        let tolerance = if dtype == Dtype::Float32 { 1e-4 } else { 2e-2 };
+        for (out, inner) in shapes {
+            let w = normal(&[out, inner], dtype, 1.0 / (inner as f32).sqrt());
+            w.eval().unwrap();
+            let kernel = CudaSkinny::new(&w).expect("the kernel takes a row-major float weight");
+            for rows in [2, 3, 4, 5, 8, 9, 16] {
+                // A decode step's activations: `[rows, 1, in]`.
+                let x = normal(&[rows, 1, inner], dtype, 1.0);
+                let y = kernel
+                    .forward(&x)
+                    .unwrap()
+                    .expect("2..=16 rows are the kernel's");
+                let want = ops::matmul(
+                    x.as_dtype(Dtype::Float32).unwrap(),
+                    w.as_dtype(Dtype::Float32).unwrap().t(),
+                )
+                .unwrap();
+                assert_eq!(y.shape(), &[rows, 1, out]);
+                assert_eq!(y.dtype(), dtype);
+                let err = relative_error(&y, &want);
+                assert!(
+                    err < tolerance,
+                    "{dtype:?} [{rows}, {inner}] x [{out}, {inner}]ᵀ: relative error {err}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn one_row_too_many_rows_or_another_dtype_stay_with_mlx() {
+    let Some(_) = on_cuda() else { return };
+    let w = normal(&[64, 128], Dtype::Float16, 0.1);
+    w.eval().unwrap();
+    let kernel = CudaSkinny::new(&w).expect("taken");
+    for x in [
+        normal(&[1, 128], Dtype::Float16, 1.0),
+        normal(&[MAX_ROWS + 1, 128], Dtype::Float16, 1.0),
+        normal(&[4, 128], Dtype::Float32, 1.0),
+        normal(&[4, 64], Dtype::Float16, 1.0),
+    ] {
+        assert!(
+            kernel.forward(&x).unwrap().is_none(),
+            "{:?} {:?}",
+            x.shape(),
+            x.dtype()
+        );
+    }
+    // A transposed (not row-major) weight is not taken: it would be copied on every call.
+    let wt = normal(&[128, 64], Dtype::Float16, 0.1);
+    wt.eval().unwrap();
+    assert!(CudaSkinny::new(&wt.t()).is_none());
+}
+
+#[test]
+fn a_dense_linear_layer_runs_the_kernel_and_adds_its_bias() {
+    let Some(placement) = on_cuda() else { return };
+    let (out, inner) = (384, 256);
+    let w = normal(&[out, inner], Dtype::Float16, 0.05);
+    let b = normal(&[out], Dtype::Float16, 1.0);
+    mlx_rs::transforms::eval([&w, &b]).unwrap();
+    let layer = Linear::dense(w.clone(), Some(b.clone()), placement);
+    let x = normal(&[6, 1, inner], Dtype::Float16, 1.0);
+    let y = layer.forward(&x).unwrap();
+    let want = ops::add(ops::matmul(&x, w.t()).unwrap(), &b).unwrap();
+    let err = relative_error(&y, &want);
+    assert!(err < 2e-2, "relative error {err}");
+}
