@@ -22,58 +22,105 @@ use crate::{EngineError, Result};
 /// The most rows this kernel takes; above it cuBLAS costs less per row.
 pub const MAX_ROWS: i32 = 16;
 
-/// Output rows (weight rows) per thread block: one warp each.
-const WARPS: i32 = 8;
+/// Threads per block: 8 warps, each over an eighth of the inner dimension.
+const THREADS: i32 = 256;
+
+/// Weight rows (outputs) per block: one MMA tile's 16.
+const TILE_ROWS: i32 = 16;
+
+/// Loads and the tensor-core step, before the kernel (MLX puts `header` ahead of its namespace).
+const HEADER: &str = r#"
+// 8 consecutive 16-bit values at `p` (zeros unless `ok`), as one 16-byte load when aligned.
+__device__ __forceinline__ uint4 mlxcel_load8(const unsigned short* p, bool ok, bool vec) {
+  uint4 r = make_uint4(0u, 0u, 0u, 0u);
+  if (!ok) return r;
+  if (vec) return *reinterpret_cast<const uint4*>(p);
+  r.x = p[0] | (unsigned(p[1]) << 16);
+  r.y = p[2] | (unsigned(p[3]) << 16);
+  r.z = p[4] | (unsigned(p[5]) << 16);
+  r.w = p[6] | (unsigned(p[7]) << 16);
+  return r;
+}
+
+// c += A (16 x 16, a0..a3) * B (16 x 8, b0 b1), f32 accumulators; bf16 or f16 inputs.
+template <bool BF>
+__device__ __forceinline__ void mlxcel_mma(float* c, unsigned a0, unsigned a1, unsigned a2,
+                                           unsigned a3, unsigned b0, unsigned b1) {
+  if (BF) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+"#;
 
 /// The kernel's body; MLX writes its signature (`x`, its shape and rank, `w`, its shape, `y`)
-/// and the template constants `T` (the dtype) and `MB` (the most rows, a compile-time bound).
+/// and the template constants `T` (the dtype), `MB` (8 or 16: rows of `x` as MMA columns) and
+/// `BF` (bf16). A block computes 16 outputs (weight rows) for every row of `x`: its 8 warps each
+/// run tensor-core MMAs (m16n8k16) over an eighth of the inner dimension, then sum through
+/// shared memory. A lane loads 8 consecutive inputs of two weight rows and of one row of `x`;
+/// the MMA's k-order is a permutation of the inputs, the same one for both sides, so the dot
+/// products are unchanged. Weights are read once, nothing is converted.
 const SOURCE: &str = r#"
+  constexpr int WARPS = 8;
+  constexpr int NB = MB / 8;
   const int K = w_shape[1];
   const int N = w_shape[0];
   int rows = 1;
   for (int i = 0; i + 1 < x_ndim; ++i) rows *= x_shape[i];
-  const int lane = threadIdx.x;
-  const int n = blockIdx.y * blockDim.y + threadIdx.y;
-  if (n >= N) return;
-  constexpr int V = 16 / sizeof(T);
-  const T* wr = w + (size_t)n * K;
-  float acc[MB];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int tig = lane & 3;
+  const int n0 = blockIdx.x * 16;
+  const bool vec = ((((size_t)w) | ((size_t)x)) & 15) == 0;
+  const unsigned short* ws = reinterpret_cast<const unsigned short*>(w);
+  const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+  const bool r0 = n0 + g < N;
+  const bool r1 = n0 + g + 8 < N;
+  const unsigned short* w0 = ws + (size_t)(r0 ? n0 + g : 0) * K;
+  const unsigned short* w1 = ws + (size_t)(r1 ? n0 + g + 8 : 0) * K;
+  float c[NB][4];
 #pragma unroll
-  for (int m = 0; m < MB; ++m) acc[m] = 0.f;
-  const bool vec = ((((size_t)wr) | ((size_t)x)) & 15) == 0 && (K % V) == 0;
-  if (vec) {
-#pragma unroll 2
-    for (int k = lane * V; k < K; k += 32 * V) {
-      uint4 wq = *reinterpret_cast<const uint4*>(wr + k);
-      const T* wv = reinterpret_cast<const T*>(&wq);
-      float wf[V];
+  for (int b = 0; b < NB; ++b) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) wf[j] = static_cast<float>(wv[j]);
+    for (int i = 0; i < 4; ++i) c[b][i] = 0.f;
+  }
+#pragma unroll 4
+  for (int k = (warp * 4 + tig) * 8; k < K; k += WARPS * 32) {
+    const uint4 a = mlxcel_load8(w0 + k, r0, vec);
+    const uint4 a8 = mlxcel_load8(w1 + k, r1, vec);
 #pragma unroll
-      for (int m = 0; m < MB; ++m) {
-        if (m < rows) {
-          uint4 xq = *reinterpret_cast<const uint4*>(x + (size_t)m * K + k);
-          const T* xv = reinterpret_cast<const T*>(&xq);
-#pragma unroll
-          for (int j = 0; j < V; ++j) acc[m] += wf[j] * static_cast<float>(xv[j]);
-        }
-      }
-    }
-  } else {
-    for (int k = lane; k < K; k += 32) {
-      const float wk = static_cast<float>(wr[k]);
-#pragma unroll
-      for (int m = 0; m < MB; ++m) {
-        if (m < rows) acc[m] += wk * static_cast<float>(x[(size_t)m * K + k]);
-      }
+    for (int b = 0; b < NB; ++b) {
+      const int m = b * 8 + g;
+      const uint4 xq = mlxcel_load8(xs + (size_t)(m < rows ? m : 0) * K + k, m < rows, vec);
+      mlxcel_mma<BF>(c[b], a.x, a8.x, a.y, a8.y, xq.x, xq.y);
+      mlxcel_mma<BF>(c[b], a.z, a8.z, a.w, a8.w, xq.z, xq.w);
     }
   }
+  __shared__ float part[WARPS * NB * 128];
 #pragma unroll
-  for (int m = 0; m < MB; ++m) {
-    float s = acc[m];
+  for (int b = 0; b < NB; ++b) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == m && m < rows) y[(size_t)m * N + n] = static_cast<T>(s);
+    for (int i = 0; i < 4; ++i) part[((warp * NB + b) * 32 + lane) * 4 + i] = c[b][i];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < NB * 128; e += WARPS * 32) {
+    float sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < WARPS; ++v) sum += part[v * NB * 128 + e];
+    const int b = e / 128;
+    const int l = (e / 4) % 32;
+    const int i = e % 4;
+    const int n = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
+    const int m = b * 8 + (l & 3) * 2 + (i & 1);
+    if (n < N && m < rows) y[(size_t)m * N + n] = static_cast<T>(sum);
   }
 "#;
 
@@ -112,7 +159,7 @@ fn kernel() -> Option<&'static Kernel> {
             let (name, source, header) = (
                 CString::new("mlxcel_few_rows").ok()?,
                 CString::new(SOURCE).ok()?,
-                CString::new("").ok()?,
+                CString::new(HEADER).ok()?,
             );
             // SAFETY: all pointers are valid C strings and vectors for the call's duration; mlx-c
             // copies what it keeps.
@@ -135,8 +182,8 @@ fn kernel() -> Option<&'static Kernel> {
         .as_ref()
 }
 
-/// A dense weight `[out, in]` (row-major, evaluated, f16/bf16/f32) kept for
-/// [`CudaSkinny::forward`].
+/// A dense weight `[out, in]` (row-major, evaluated, f16 or bf16, `in` a multiple of 8) kept
+/// for [`CudaSkinny::forward`].
 #[derive(Clone)]
 pub struct CudaSkinny {
     w: Array,
@@ -145,16 +192,20 @@ pub struct CudaSkinny {
 }
 
 impl CudaSkinny {
-    /// The kernel for `w` (evaluated), if it reads it (a 2-D floating row-major weight) and is
-    /// wanted.
+    /// The kernel for `w`, if it reads it (a 2-D f16 or bf16 row-major weight whose rows are
+    /// whole 16-byte loads) and is wanted. f32 stays with MLX (the tensor cores' f32 input is
+    /// TF32, and a GPU placement computes in f16 anyway).
     pub fn new(w: &Array) -> Option<CudaSkinny> {
-        let float = matches!(w.dtype(), Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32);
+        let half = matches!(w.dtype(), Dtype::Float16 | Dtype::Bfloat16);
+        if !wanted() || !half || w.ndim() != 2 || w.shape()[1] % 8 != 0 || w.eval().is_err() {
+            return None;
+        }
         let mut rows_contiguous = false;
         // SAFETY: `w` is a live, evaluated array; the call reads its flags.
         let read =
             unsafe { mlx_sys::_mlx_array_is_row_contiguous(&mut rows_contiguous, w.as_ptr()) };
         // A weight that is not row-major would be copied on every call: MLX's matmul keeps it.
-        if !wanted() || !float || w.ndim() != 2 || read != 0 || !rows_contiguous {
+        if read != 0 || !rows_contiguous {
             return None;
         }
         Some(CudaSkinny {
@@ -179,13 +230,9 @@ impl CudaSkinny {
         let Some(kernel) = kernel() else {
             return Ok(None);
         };
-        let bucket = if rows <= 4 {
-            4
-        } else if rows <= 8 {
-            8
-        } else {
-            MAX_ROWS
-        };
+        // Rows of `x` are the MMA's columns: 8 per tile, one or two tiles.
+        let bucket = if rows <= 8 { 8 } else { MAX_ROWS };
+        let blocks = (self.out + TILE_ROWS - 1) / TILE_ROWS;
         let mut out_shape = lead.to_vec();
         out_shape.push(self.out);
         let stream = Stream::new();
@@ -200,8 +247,10 @@ impl CudaSkinny {
                 out_shape.len(),
                 dtype,
             ) == 0
-                && mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, 32, self.out, 1) == 0
-                && mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, 32, WARPS, 1) == 0
+                && mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, blocks * THREADS, 1, 1)
+                    == 0
+                && mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, THREADS, 1, 1)
+                    == 0
                 && mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
                     config,
                     c"T".as_ptr(),
@@ -211,6 +260,11 @@ impl CudaSkinny {
                     config,
                     c"MB".as_ptr(),
                     bucket,
+                ) == 0
+                && mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(
+                    config,
+                    c"BF".as_ptr(),
+                    x.dtype() == Dtype::Bfloat16,
                 ) == 0;
             let inputs = [x.as_ptr(), self.w.as_ptr()];
             let inputs = mlx_sys::mlx_vector_array_new_data(inputs.as_ptr(), inputs.len());
