@@ -3,10 +3,7 @@
 
 use mlx_rs::{Array, Dtype, fast, nn, ops};
 
-use super::attention::{
-    batch_attention, causal_attention, causal_mask, explicit_attention, fused_batch_attention,
-    padding_mask,
-};
+use super::attention::{causal_attention, causal_mask, explicit_attention};
 use super::config::ModelConfig;
 use super::fast_exp;
 use super::fused_prefill;
@@ -18,7 +15,9 @@ use crate::Result;
 use crate::device::Placement;
 
 mod prefill;
-use crate::kv::{BatchKeys, BatchKv, OwnLayout};
+mod step_read;
+use crate::kv::{BatchKv, OwnLayout};
+use step_read::StepRead;
 
 /// Tensor names in a file format.
 pub trait TensorNames {
@@ -265,22 +264,6 @@ impl Model {
             .reshape(&[1, t, heads * hd])?)
     }
 
-    /// Attention of a decode step over [`BatchKeys`]; `mask` is `[b, 1, 1, own keys]` when
-    /// the own keys are padded. Returns `[b, 1, heads * head_dim]`.
-    fn attend_batch(&self, q: &Array, keys: &BatchKeys, mask: Option<&Array>) -> Result<Array> {
-        let c = &self.config;
-        let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
-        let scale = 1.0 / (hd as f32).sqrt();
-        if !self.placement.gpu {
-            let group = heads / kv_heads;
-            if let Some(out) = span_attention::attend_batch(q, keys, scale, group as usize)? {
-                return Ok(out);
-            }
-            return batch_attention(q, keys, scale, mask, group);
-        }
-        fused_batch_attention(q, keys, scale, mask, kv_heads)
-    }
-
     /// One decode step for several sequences at once: `tokens[i]` is the next token of sequence
     /// `i` of `kv`. Every op runs once for the whole batch: the projections, one RoPE with
     /// per-row offsets, one write of the new K/V rows per layer, one attention per layer over
@@ -315,8 +298,7 @@ impl Model {
             .embed
             .take_axis(ids, 0)?
             .reshape(&[b, 1, c.hidden as i32])?;
-        let mut mask: Option<Array> = None;
-        let mut mask_decided = false;
+        let mut read: Option<StepRead> = None;
         // The fused kernel reads one padded tensor; the CPU's span kernel reads spans in place.
         let layout = match (self.placement.gpu, span_attention::available()) {
             (true, _) => OwnLayout::Padded,
@@ -328,15 +310,15 @@ impl Model {
             let (q, k, v) = self.project(layer, &h)?;
             let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
             let keys = kv.append_all(i, k, v, layout)?;
-            if let (false, Some(padded)) = (mask_decided, keys.own.padded_len()) {
-                // Only rows shorter than the padded keys need one (none when all have one length).
-                let own: Vec<i32> = lens.iter().map(|&l| l - keys.shared_len as i32).collect();
-                if own.iter().any(|&l| l + 1 < padded) {
-                    mask = Some(padding_mask(&own, padded, self.placement.dtype)?);
-                }
-                mask_decided = true;
+            if let (None, Some(padded)) = (&read, keys.own.padded_len()) {
+                read = Some(StepRead::new(
+                    self.placement,
+                    &lens,
+                    keys.shared_len,
+                    padded,
+                ));
             }
-            let out = self.attend_batch(&q, &keys, mask.as_ref())?;
+            let out = self.attend_batch(&q, &keys, read.as_mut())?;
             x = ops::add(&x, &layer.o.forward(&out)?)?;
             x = ops::add(&x, &self.mlp(layer, &x)?)?;
         }

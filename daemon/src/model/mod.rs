@@ -14,7 +14,9 @@
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
 mod attention;
+pub mod attention_cuda;
 pub mod config;
+mod cuda_kernel;
 mod fast_exp;
 mod fused_prefill;
 pub mod gguf;

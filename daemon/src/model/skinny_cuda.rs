@@ -12,12 +12,12 @@
 //! bucket by NVRTC. One row stays with MLX's gemv; Metal and the CPU never come here.
 //! `MLXCEL_CUDA_FEW_ROWS=0` turns it off, for A/B runs.
 
-use std::ffi::CString;
 use std::sync::OnceLock;
 
-use mlx_rs::{Array, Dtype, Stream};
+use mlx_rs::{Array, Dtype};
 
-use crate::{EngineError, Result};
+use super::cuda_kernel::{Constant, CudaKernel};
+use crate::Result;
 
 /// The most rows this kernel takes; above it cuBLAS costs less per row.
 pub const MAX_ROWS: i32 = 16;
@@ -92,14 +92,19 @@ const SOURCE: &str = r#"
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[b][i] = 0.f;
   }
+  // Every lane of a warp runs the same iterations (the MMA is warp-wide); a lane past the
+  // inner dimension's end loads zeros.
 #pragma unroll 4
-  for (int k = (warp * 4 + tig) * 8; k < K; k += WARPS * 32) {
-    const uint4 a = mlxcel_load8(w0 + k, r0, vec);
-    const uint4 a8 = mlxcel_load8(w1 + k, r1, vec);
+  for (int kb = warp * 32; kb < K; kb += WARPS * 32) {
+    const int k = kb + tig * 8;
+    const bool in = k < K;
+    const uint4 a = mlxcel_load8(w0 + k, r0 && in, vec);
+    const uint4 a8 = mlxcel_load8(w1 + k, r1 && in, vec);
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       const int m = b * 8 + g;
-      const uint4 xq = mlxcel_load8(xs + (size_t)(m < rows ? m : 0) * K + k, m < rows, vec);
+      const uint4 xq =
+          mlxcel_load8(xs + (size_t)(m < rows ? m : 0) * K + k, m < rows && in, vec);
       mlxcel_mma<BF>(c[b], a.x, a8.x, a.y, a8.y, xq.x, xq.y);
       mlxcel_mma<BF>(c[b], a.z, a8.z, a.w, a8.w, xq.z, xq.w);
     }
@@ -124,60 +129,17 @@ const SOURCE: &str = r#"
   }
 "#;
 
-/// The compiled-on-first-use kernel object (MLX keeps the NVRTC modules).
-struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
-
-// SAFETY: the handle is an immutable MLX kernel description (a name, a source, argument names);
-// applying it builds a new graph node and touches no shared state of the handle.
-unsafe impl Send for Kernel {}
-unsafe impl Sync for Kernel {}
-
 /// Whether the kernel is wanted: yes, unless `MLXCEL_CUDA_FEW_ROWS=0`.
 pub fn wanted() -> bool {
     static WANTED: OnceLock<bool> = OnceLock::new();
     *WANTED.get_or_init(|| std::env::var("MLXCEL_CUDA_FEW_ROWS").as_deref() != Ok("0"))
 }
 
-fn kernel() -> Option<&'static Kernel> {
-    static KERNEL: OnceLock<Option<Kernel>> = OnceLock::new();
+fn kernel() -> Option<&'static CudaKernel> {
+    static KERNEL: OnceLock<Option<CudaKernel>> = OnceLock::new();
     KERNEL
         .get_or_init(|| {
-            let names = |list: &[&str]| -> Option<mlx_sys::mlx_vector_string> {
-                // SAFETY: a new, empty vector; each appended string is copied by mlx-c.
-                unsafe {
-                    let v = mlx_sys::mlx_vector_string_new();
-                    for s in list {
-                        let c = CString::new(*s).ok()?;
-                        if mlx_sys::mlx_vector_string_append_value(v, c.as_ptr()) != 0 {
-                            return None;
-                        }
-                    }
-                    Some(v)
-                }
-            };
-            let (inputs, outputs) = (names(&["x", "w"])?, names(&["y"])?);
-            let (name, source, header) = (
-                CString::new("mlxcel_few_rows").ok()?,
-                CString::new(SOURCE).ok()?,
-                CString::new(HEADER).ok()?,
-            );
-            // SAFETY: all pointers are valid C strings and vectors for the call's duration; mlx-c
-            // copies what it keeps.
-            let k = unsafe {
-                let k = mlx_sys::mlx_fast_cuda_kernel_new(
-                    name.as_ptr(),
-                    inputs,
-                    outputs,
-                    source.as_ptr(),
-                    header.as_ptr(),
-                    true,
-                    0,
-                );
-                mlx_sys::mlx_vector_string_free(inputs);
-                mlx_sys::mlx_vector_string_free(outputs);
-                k
-            };
-            (!k.ctx.is_null()).then_some(Kernel(k))
+            CudaKernel::new("mlxcel_few_rows", &["x", "w"], &["y"], SOURCE, HEADER, true)
         })
         .as_ref()
 }
@@ -235,61 +197,18 @@ impl CudaSkinny {
         let blocks = (self.out + TILE_ROWS - 1) / TILE_ROWS;
         let mut out_shape = lead.to_vec();
         out_shape.push(self.out);
-        let stream = Stream::new();
-        // SAFETY: every handle passed is live for the call (the arrays borrowed, the config and
-        // vectors created here and freed below); the output is read only on success.
-        unsafe {
-            let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
-            let dtype = x.dtype() as mlx_sys::mlx_dtype;
-            let ok = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
-                config,
-                out_shape.as_ptr(),
-                out_shape.len(),
-                dtype,
-            ) == 0
-                && mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, blocks * THREADS, 1, 1)
-                    == 0
-                && mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, THREADS, 1, 1)
-                    == 0
-                && mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
-                    config,
-                    c"T".as_ptr(),
-                    dtype,
-                ) == 0
-                && mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(
-                    config,
-                    c"MB".as_ptr(),
-                    bucket,
-                ) == 0
-                && mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(
-                    config,
-                    c"BF".as_ptr(),
-                    x.dtype() == Dtype::Bfloat16,
-                ) == 0;
-            let inputs = [x.as_ptr(), self.w.as_ptr()];
-            let inputs = mlx_sys::mlx_vector_array_new_data(inputs.as_ptr(), inputs.len());
-            let mut outputs = mlx_sys::mlx_vector_array_new();
-            let applied = ok
-                && mlx_sys::mlx_fast_cuda_kernel_apply(
-                    &mut outputs,
-                    kernel.0,
-                    inputs,
-                    config,
-                    stream.as_ptr(),
-                ) == 0;
-            let mut y = mlx_sys::mlx_array_new();
-            let got = applied && mlx_sys::mlx_vector_array_get(&mut y, outputs, 0) == 0;
-            mlx_sys::mlx_vector_array_free(inputs);
-            mlx_sys::mlx_vector_array_free(outputs);
-            mlx_sys::mlx_fast_cuda_kernel_config_free(config);
-            if got {
-                Ok(Some(Array::from_ptr(y)))
-            } else {
-                mlx_sys::mlx_array_free(y);
-                Err(EngineError::Internal(
-                    "the few-row CUDA matmul could not be built (see MLX's log)".into(),
-                ))
-            }
-        }
+        let dtype = x.dtype();
+        let mut y = kernel.apply(
+            &[x, &self.w],
+            &[(&out_shape, dtype)],
+            [blocks * THREADS, 1, 1],
+            [THREADS, 1, 1],
+            &[
+                Constant::Type(c"T", dtype),
+                Constant::Int(c"MB", bucket),
+                Constant::Bool(c"BF", dtype == Dtype::Bfloat16),
+            ],
+        )?;
+        Ok(y.pop())
     }
 }

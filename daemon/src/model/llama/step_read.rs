@@ -1,0 +1,120 @@
+//! A decode step's attention, and how it reads each row's padded own keys: a padding mask
+//! (every device's fused or plain attention), or, on CUDA, each row's length for
+//! `attention_cuda`'s kernel, which needs no mask. Decided once per step, at the first layer,
+//! each built when first asked for.
+
+use mlx_rs::{Array, Dtype};
+
+use super::super::attention::{batch_attention, fused_batch_attention, padding_mask};
+use super::super::{attention_cuda, span_attention};
+use super::Model;
+use crate::Result;
+use crate::device::{Backend, Placement};
+use crate::kv::BatchKeys;
+
+impl Model {
+    /// Attention of a decode step over [`BatchKeys`], reading padded own keys as `read` says.
+    /// Returns `[b, 1, heads * head_dim]`.
+    pub(super) fn attend_batch(
+        &self,
+        q: &Array,
+        keys: &BatchKeys,
+        read: Option<&mut StepRead>,
+    ) -> Result<Array> {
+        let c = &self.config;
+        let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
+        let scale = 1.0 / (hd as f32).sqrt();
+        if !self.placement.gpu {
+            let group = heads / kv_heads;
+            if let Some(out) = span_attention::attend_batch(q, keys, scale, group as usize)? {
+                return Ok(out);
+            }
+        }
+        let Some(read) = read else {
+            return self.attend_masked(q, keys, scale, None);
+        };
+        if let Some(lengths) = read.lengths()
+            && let Some(out) = attention_cuda::attend_batch(q, keys, lengths, kv_heads)?
+        {
+            return Ok(out);
+        }
+        self.attend_masked(q, keys, scale, read.mask()?)
+    }
+
+    /// [`Model::attend_batch`] through MLX's ops (the CPU's plain ones, a GPU's fused kernel).
+    fn attend_masked(
+        &self,
+        q: &Array,
+        keys: &BatchKeys,
+        scale: f32,
+        mask: Option<&Array>,
+    ) -> Result<Array> {
+        let c = &self.config;
+        let (heads, kv_heads) = (c.heads as i32, c.kv_heads as i32);
+        if self.placement.gpu {
+            fused_batch_attention(q, keys, scale, mask, kv_heads)
+        } else {
+            batch_attention(q, keys, scale, mask, heads / kv_heads)
+        }
+    }
+}
+
+pub(super) struct StepRead {
+    /// Each row's own positions before this step's (after the shared ones).
+    own: Vec<i32>,
+    /// The padded own keys' length.
+    padded: i32,
+    shared: i32,
+    dtype: Dtype,
+    /// The CUDA kernel reads the keys: the rows' lengths differ, or they share a prefix.
+    by_lengths: bool,
+    mask: Option<Option<Array>>,
+    lengths: Option<Array>,
+}
+
+impl StepRead {
+    /// For rows whose positions before this step are `lens`, the first `shared` of them shared,
+    /// own keys padded to `padded`.
+    pub(super) fn new(placement: Placement, lens: &[i32], shared: usize, padded: i32) -> Self {
+        let own: Vec<i32> = lens.iter().map(|&l| l - shared as i32).collect();
+        let ragged = own.iter().any(|&l| l + 1 < padded);
+        let by_lengths = placement.backend == Backend::Cuda
+            && attention_cuda::wanted()
+            && (ragged || shared > 0);
+        StepRead {
+            own,
+            padded,
+            shared: shared as i32,
+            dtype: placement.dtype,
+            by_lengths,
+            mask: None,
+            lengths: None,
+        }
+    }
+
+    /// The padding mask (`[b, 1, 1, padded]`), `None` where every row fills the padded keys.
+    pub(super) fn mask(&mut self) -> Result<Option<&Array>> {
+        if self.mask.is_none() {
+            let ragged = self.own.iter().any(|&l| l + 1 < self.padded);
+            self.mask = Some(if ragged {
+                Some(padding_mask(&self.own, self.padded, self.dtype)?)
+            } else {
+                None
+            });
+        }
+        Ok(self.mask.as_ref().and_then(Option::as_ref))
+    }
+
+    /// The CUDA kernel's lengths input (each row's own keys with this step's, then the shared
+    /// count), where the kernel reads this step's keys.
+    pub(super) fn lengths(&mut self) -> Option<&Array> {
+        if !self.by_lengths {
+            return None;
+        }
+        if self.lengths.is_none() {
+            let own: Vec<i32> = self.own.iter().map(|&l| l + 1).collect();
+            self.lengths = Some(attention_cuda::lengths(&own, self.shared));
+        }
+        self.lengths.as_ref()
+    }
+}
