@@ -1,6 +1,7 @@
 //! `cargo bench -p mlxcel-daemon --bench matmul_rows`: what a decode step's linear layers cost
 //! the host and the device at 1–32 rows, through the engine's `Linear` (its few-row kernel where
-//! the device has one: `skinny` on the CPU, `skinny_cuda` on CUDA) against MLX's plain matmul.
+//! the device has one: `skinny` on the CPU, `skinny_cuda` on CUDA with `MLXCEL_CUDA_FEW_ROWS=1`)
+//! against MLX's plain matmul.
 //!
 //! A chain of `MLXCEL_BENCH_LAYERS` (default 224, a 32-layer step's 7 projections) `[M, D] x
 //! [D, D]` layers over 4 distinct weights (more than a GPU's L2), built and queued

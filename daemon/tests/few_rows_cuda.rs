@@ -8,7 +8,6 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype, ops, random};
 use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
 use mlxcel_daemon::model::skinny_cuda::{CudaSkinny, MAX_ROWS};
-use mlxcel_daemon::model::weights::Linear;
 
 fn on_cuda() -> Option<Placement> {
     let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
@@ -128,19 +127,4 @@ fn one_row_too_many_rows_or_another_dtype_stay_with_mlx() {
     assert!(CudaSkinny::new(&wt.t()).is_none());
     assert!(CudaSkinny::new(&w32).is_none());
     assert!(CudaSkinny::new(&odd).is_none());
-}
-
-#[test]
-fn a_dense_linear_layer_runs_the_kernel_and_adds_its_bias() {
-    let Some(placement) = on_cuda() else { return };
-    let (out, inner) = (384, 256);
-    let w = normal(&[out, inner], Dtype::Float16, 0.05);
-    let b = normal(&[out], Dtype::Float16, 1.0);
-    mlx_rs::transforms::eval([&w, &b]).unwrap();
-    let layer = Linear::dense(w.clone(), Some(b.clone()), placement);
-    let x = normal(&[6, 1, inner], Dtype::Float16, 1.0);
-    let y = layer.forward(&x).unwrap();
-    let want = ops::add(ops::matmul(&x, w.t()).unwrap(), &b).unwrap();
-    let err = relative_error(&y, &want);
-    assert!(err < 2e-2, "relative error {err}");
 }

@@ -1,17 +1,21 @@
-//! A matmul for few rows on CUDA (`y = x · Wᵀ` with `x` of 2–16 rows): the decode step's linear
-//! layers at batch sizes above one.
+//! A matmul for few rows on CUDA (`y = x · Wᵀ` with `x` of 2–16 rows), opt-in: an experiment
+//! kept with its measurements, off unless `MLXCEL_CUDA_FEW_ROWS=1`.
 //!
 //! MLX's CUDA backend runs a one-row matmul through its own gemv kernel (~5 µs of host time per
-//! call) but sends every matmul of 2 rows or more to cuBLAS, ~20 µs of host time per call.
-//! Measured on an H200 (`bench/results/2026-12-04-gpu-h200-joined/`): 224 chained
-//! `[M, 4096] × [4096, 4096]` f16 matmuls took the host 1.0–1.5 ms to encode at M = 1 and
-//! 4–6 ms at M = 2..8, and a decode step at 8 rows is host-bound. This kernel is the gemv's
-//! shape widened to a few rows: one warp per weight row, 16-byte loads, every row of `x`
-//! multiplied while the weight's slice is in registers, f32 accumulators, one warp reduction per
-//! output. It is an MLX custom kernel (`mlx_fast_cuda_kernel`), compiled once per dtype and row
-//! bucket by NVRTC. One row stays with MLX's gemv; Metal and the CPU never come here.
-//! `MLXCEL_CUDA_FEW_ROWS=0` turns it off, for A/B runs.
-
+//! call) but sends every matmul of 2 rows or more to cuBLAS, ~20 µs of host time per call
+//! (`bench/results/2026-12-04-gpu-h200-joined/`). This kernel never reaches cuBLAS: a block of 8
+//! warps computes 16 outputs with tensor-core MMAs (m16n8k16, f16 or bf16 in, f32 accumulators),
+//! each warp over an eighth of the inner dimension, summed in shared memory; weights are read
+//! once and nothing is converted. It is an MLX custom kernel (`cuda_kernel`), compiled by NVRTC
+//! once per dtype and tile count.
+//!
+//! Measured on an H200 (`bench/results/2026-12-04-gpu-h200-kernels/`): 224 chained
+//! `[M, 4096] × [4096, 4096]` f16 layers cost the host 2.1–2.6 ms to encode at M = 2..16
+//! against 4.7–6.9 ms through cuBLAS, but a decode step of the 8B-like model was no faster
+//! (B = 8: 11.9–12.7 ms with it, 10.8–11.7 without, the attention kernel on in both): MLX builds
+//! a custom kernel's source anew for every node (+~1 ms of graph building per step), and the
+//! kernel streams weights at ~1.5 TB/s against the gemv's ~2.5 (16 outputs per block read as
+//! 64-byte pieces of 16 rows). Both would have to improve before it is on by default.
 use std::sync::OnceLock;
 
 use mlx_rs::{Array, Dtype};
@@ -129,10 +133,10 @@ const SOURCE: &str = r#"
   }
 "#;
 
-/// Whether the kernel is wanted: yes, unless `MLXCEL_CUDA_FEW_ROWS=0`.
+/// Whether the engine's dense layers run the kernel: only with `MLXCEL_CUDA_FEW_ROWS=1`.
 pub fn wanted() -> bool {
     static WANTED: OnceLock<bool> = OnceLock::new();
-    *WANTED.get_or_init(|| std::env::var("MLXCEL_CUDA_FEW_ROWS").as_deref() != Ok("0"))
+    *WANTED.get_or_init(|| std::env::var("MLXCEL_CUDA_FEW_ROWS").as_deref() == Ok("1"))
 }
 
 fn kernel() -> Option<&'static CudaKernel> {
@@ -155,11 +159,11 @@ pub struct CudaSkinny {
 
 impl CudaSkinny {
     /// The kernel for `w`, if it reads it (a 2-D f16 or bf16 row-major weight whose rows are
-    /// whole 16-byte loads) and is wanted. f32 stays with MLX (the tensor cores' f32 input is
+    /// whole 16-byte loads). f32 stays with MLX (the tensor cores' f32 input is
     /// TF32, and a GPU placement computes in f16 anyway).
     pub fn new(w: &Array) -> Option<CudaSkinny> {
         let half = matches!(w.dtype(), Dtype::Float16 | Dtype::Bfloat16);
-        if !wanted() || !half || w.ndim() != 2 || w.shape()[1] % 8 != 0 || w.eval().is_err() {
+        if !half || w.ndim() != 2 || w.shape()[1] % 8 != 0 || w.eval().is_err() {
             return None;
         }
         let mut rows_contiguous = false;

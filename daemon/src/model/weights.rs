@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use mlx_rs::{Array, Dtype, ops};
 
 use super::skinny::Skinny;
-use super::skinny_cuda::CudaSkinny;
+use super::skinny_cuda::{self, CudaSkinny};
 use crate::device::{Backend, Placement};
 use crate::{EngineError, Result};
 
@@ -47,7 +47,7 @@ impl Linear {
     pub fn dense(w: Array, bias: Option<Array>, placement: Placement) -> Linear {
         let skinny = match placement.backend {
             Backend::Cpu if !placement.gpu => Skinny::new(&w).map(FewRows::Cpu),
-            Backend::Cuda => CudaSkinny::new(&w).map(FewRows::Cuda),
+            Backend::Cuda if skinny_cuda::wanted() => CudaSkinny::new(&w).map(FewRows::Cuda),
             _ => None,
         };
         Linear::Dense {
@@ -147,7 +147,8 @@ impl Linear {
 }
 
 /// The decode step's matmul for a few rows, where the device's own costs more per call: the
-/// CPU's `sgemm` packs the whole weight, CUDA's cuBLAS costs the host ~20 µs a call.
+/// CPU's `sgemm` packs the whole weight; CUDA's cuBLAS costs the host ~20 µs a call (opt-in,
+/// see `skinny_cuda`).
 #[derive(Clone)]
 pub enum FewRows {
     Cpu(Skinny),
