@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use mlx_rs::{Array, Dtype};
 
-use super::cuda_kernel::{Constant, CudaKernel};
+use super::cuda_kernel::{Constant, CudaKernel, switch};
 use crate::Result;
 use crate::kv::{BatchKeys, OwnKeys};
 
@@ -132,23 +132,23 @@ const SOURCE: &str = r#"
 /// Whether the kernel is wanted: yes, unless `MLXCEL_CUDA_ATTENTION=0`.
 pub fn wanted() -> bool {
     static WANTED: OnceLock<bool> = OnceLock::new();
-    *WANTED.get_or_init(|| std::env::var("MLXCEL_CUDA_ATTENTION").as_deref() != Ok("0"))
+    switch(&WANTED, "MLXCEL_CUDA_ATTENTION", true)
 }
 
 fn kernel() -> Option<&'static CudaKernel> {
     static KERNEL: OnceLock<Option<CudaKernel>> = OnceLock::new();
-    KERNEL
-        .get_or_init(|| {
-            CudaKernel::new(
-                "mlxcel_decode_attention",
-                &["q", "k", "v", "sk", "sv", "lens"],
-                &["o"],
-                SOURCE,
-                "",
-                false,
-            )
-        })
-        .as_ref()
+    let inputs = ["q", "k", "v", "sk", "sv", "lens"];
+    let make = || {
+        CudaKernel::new(
+            "mlxcel_decode_attention",
+            &inputs,
+            &["o"],
+            SOURCE,
+            "",
+            false,
+        )
+    };
+    KERNEL.get_or_init(make).as_ref()
 }
 
 /// The kernel's lengths input for one step: each row's own keys (`own[i]`), then the shared

@@ -6,10 +6,21 @@
 //! Used only where the placement is CUDA; elsewhere nothing here is called.
 
 use std::ffi::{CStr, CString};
+use std::sync::OnceLock;
 
 use mlx_rs::{Array, Dtype, Stream};
 
 use crate::{EngineError, Result};
+
+/// An A/B switch for a kernel, read once: the environment variable `name` set to `1` or `0`,
+/// else `default`.
+pub fn switch(cell: &'static OnceLock<bool>, name: &str, default: bool) -> bool {
+    *cell.get_or_init(|| match std::env::var(name).as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => default,
+    })
+}
 
 /// A compiled-on-first-use kernel description.
 pub struct CudaKernel(mlx_sys::mlx_fast_cuda_kernel);

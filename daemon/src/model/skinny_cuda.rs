@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 
 use mlx_rs::{Array, Dtype};
 
-use super::cuda_kernel::{Constant, CudaKernel};
+use super::cuda_kernel::{Constant, CudaKernel, switch};
 use crate::Result;
 
 /// The most rows this kernel takes; above it cuBLAS costs less per row.
@@ -136,16 +136,13 @@ const SOURCE: &str = r#"
 /// Whether the engine's dense layers run the kernel: only with `MLXCEL_CUDA_FEW_ROWS=1`.
 pub fn wanted() -> bool {
     static WANTED: OnceLock<bool> = OnceLock::new();
-    *WANTED.get_or_init(|| std::env::var("MLXCEL_CUDA_FEW_ROWS").as_deref() == Ok("1"))
+    switch(&WANTED, "MLXCEL_CUDA_FEW_ROWS", false)
 }
 
 fn kernel() -> Option<&'static CudaKernel> {
     static KERNEL: OnceLock<Option<CudaKernel>> = OnceLock::new();
-    KERNEL
-        .get_or_init(|| {
-            CudaKernel::new("mlxcel_few_rows", &["x", "w"], &["y"], SOURCE, HEADER, true)
-        })
-        .as_ref()
+    let make = || CudaKernel::new("mlxcel_few_rows", &["x", "w"], &["y"], SOURCE, HEADER, true);
+    KERNEL.get_or_init(make).as_ref()
 }
 
 /// A dense weight `[out, in]` (row-major, evaluated, f16 or bf16, `in` a multiple of 8) kept
