@@ -66,6 +66,8 @@ pub(super) struct StepRead {
     padded: i32,
     shared: i32,
     dtype: Dtype,
+    /// Some row is shorter than the padded keys (so a mask is needed).
+    ragged: bool,
     /// The CUDA kernel reads the keys: the rows' lengths differ, or they share a prefix.
     by_lengths: bool,
     mask: Option<Option<Array>>,
@@ -86,6 +88,7 @@ impl StepRead {
             padded,
             shared: shared as i32,
             dtype: placement.dtype,
+            ragged,
             by_lengths,
             mask: None,
             lengths: None,
@@ -95,8 +98,7 @@ impl StepRead {
     /// The padding mask (`[b, 1, 1, padded]`), `None` where every row fills the padded keys.
     pub(super) fn mask(&mut self) -> Result<Option<&Array>> {
         if self.mask.is_none() {
-            let ragged = self.own.iter().any(|&l| l + 1 < self.padded);
-            self.mask = Some(if ragged {
+            self.mask = Some(if self.ragged {
                 Some(padding_mask(&self.own, self.padded, self.dtype)?)
             } else {
                 None
