@@ -8,7 +8,8 @@
 #   CUDA_TREE: a checkout set up with `MLXCEL_BACKEND=cuda bash scripts/setup.sh` and built
 #   there (`cargo build --release --bins`, `cargo build --release --benches -p mlxcel-daemon`,
 #   `cargo test --release --no-run -p mlxcel-daemon --test golden --test few_rows_cuda --test
-#   attention_cuda -p mlxcel-tests --test daemon_e2e --test pipelined_decode`). OUT (default build/gpu-stage, ignored by git) gets
+#   attention_cuda --test table_attention_cuda -p mlxcel-tests --test daemon_e2e --test
+#   pipelined_decode`). OUT (default build/gpu-stage, ignored by git) gets
 #   p0/, p1/, ...: carry each as one call's `carry` path. PART_BYTES (default 58000000) bounds
 #   a part: the working tree travels with it and a call takes 64 MB in all.
 set -euo pipefail
@@ -38,7 +39,7 @@ rm -rf "$WORK/bin" && mkdir -p "$WORK/bin/bin" "$WORK/bin/tokenizer"
 for b in mlxcel-daemon mlxcel-frontend mlxcel-cachemgr mlxcelctl; do
   cp "$TREE/target/release/$b" "$WORK/bin/bin/"
 done
-for t in steps matmul_rows golden few_rows_cuda attention_cuda daemon_e2e pipelined_decode; do
+for t in steps matmul_rows golden few_rows_cuda attention_cuda table_attention_cuda daemon_e2e pipelined_decode; do
   f="$(newest "$t")"
   [ -n "$f" ] || { say "no $t executable under $TREE/target/release/deps: build it first"; exit 1; }
   cp "$f" "$WORK/bin/bin/$t"

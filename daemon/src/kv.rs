@@ -123,6 +123,16 @@ pub enum OwnLayout {
     /// In-place spans unless the store is told otherwise (the CPU's span kernel reads them
     /// without a copy).
     Spans,
+    /// Block tables into the store's memory where it has them ([`OwnKeys::Tables`], for a
+    /// kernel that reads them in place), else as [`OwnLayout::Padded`].
+    Tables,
+}
+
+impl OwnLayout {
+    /// Whether the attention wants every row's keys as one tensor per row (no shared spans).
+    pub fn whole_rows(self) -> bool {
+        matches!(self, OwnLayout::Padded | OwnLayout::Tables)
+    }
 }
 
 /// A decode step's keys and values: the positions every sequence shares (the same full blocks,
@@ -147,32 +157,54 @@ pub enum OwnKeys {
     /// Per row, spans read in place (`[1, kv_heads, n_j, head_dim]` each, views of the pool)
     /// that cover exactly the row's own positions and the new one: nothing copied or masked.
     Spans(Vec<Vec<(Array, Array)>>),
+    /// Every row's keys where they lie in the pool, by block table.
+    Tables(TableKeys),
 }
 
+/// A decode step's keys of one layer read in place by block table: nothing gathered, padded or
+/// masked. The pool's memory is a few slabs; each holds, per layer, one flat array
+/// `[2 * kv_heads * blocks * block_tokens, head_dim]`: K then V, by head, by block.
+pub struct TableKeys {
+    /// This layer's array of each slab the tables point into.
+    pub slabs: Vec<Array>,
+    /// `[slabs.len()]` i32: blocks in each of `slabs`.
+    pub slab_blocks: Array,
+    /// `[rows, blocks]` i32: row `i`'s `j`-th block as `slab << 24 | block within the slab`
+    /// (`slab` indexes `slabs`); entries past a row's last block repeat its first.
+    pub tables: Array,
+    /// `[rows]` i32: keys row `i` reads, this step's included.
+    pub lens: Array,
+    /// Positions per block.
+    pub block_tokens: i32,
+}
+
+/// Where a [`TableKeys`] entry points: `slab << TABLE_SLAB_SHIFT | block within the slab`.
+pub const TABLE_SLAB_SHIFT: u32 = 24;
+
 impl OwnKeys {
-    /// Keys per row of a padded tensor (`None` for spans, which are never padded).
+    /// Keys per row of a padded tensor (`None` for spans and tables, which are never padded).
     pub fn padded_len(&self) -> Option<i32> {
         match self {
             OwnKeys::Padded(k, _) | OwnKeys::RowsFirst(k, _) => Some(k.shape()[2]),
-            OwnKeys::Spans(_) => None,
+            OwnKeys::Spans(_) | OwnKeys::Tables(_) => None,
         }
     }
 
-    /// Padded keys and values heads first (a view of rows-first ones); `None` for spans.
+    /// Padded keys and values heads first (a view of rows-first ones); `None` for spans and tables.
     pub fn heads_first(&self) -> Result<Option<(Array, Array)>> {
         Ok(match self {
             OwnKeys::Padded(k, v) => Some((k.clone(), v.clone())),
             OwnKeys::RowsFirst(k, v) => Some((k.swap_axes(0, 1)?, v.swap_axes(0, 1)?)),
-            OwnKeys::Spans(_) => None,
+            OwnKeys::Spans(_) | OwnKeys::Tables(_) => None,
         })
     }
 
-    /// Padded keys and values rows first (a view of heads-first ones); `None` for spans.
+    /// Padded keys and values rows first (a view of heads-first ones); `None` for spans and tables.
     pub fn rows_first(&self) -> Result<Option<(Array, Array)>> {
         Ok(match self {
             OwnKeys::RowsFirst(k, v) => Some((k.clone(), v.clone())),
             OwnKeys::Padded(k, v) => Some((k.swap_axes(0, 1)?, v.swap_axes(0, 1)?)),
-            OwnKeys::Spans(_) => None,
+            OwnKeys::Spans(_) | OwnKeys::Tables(_) => None,
         })
     }
 }

@@ -18,7 +18,7 @@ pub use chunks::PagedChunks;
 
 use crate::Result;
 use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout, first_positions};
-use crate::pool::{BlockId, BlockPool, Gather, Order, WritePlan, spans_cheaper};
+use crate::pool::{BlockId, BlockPool, Gather, Order, TableRead, WritePlan, spans_cheaper};
 
 /// One sequence's blocks and length.
 #[derive(Debug, Default, Clone)]
@@ -122,7 +122,7 @@ impl OwnRead {
     /// Whether a step whose model reads `layout` reads the own blocks `own` as spans.
     fn spans(self, layout: OwnLayout, pool: &BlockPool, own: &[&[BlockId]]) -> bool {
         match (layout, self) {
-            (OwnLayout::Padded, _) | (_, OwnRead::Gather) => false,
+            (OwnLayout::Padded | OwnLayout::Tables, _) | (_, OwnRead::Gather) => false,
             (_, OwnRead::Spans) | (OwnLayout::Spans, OwnRead::Cheaper) => true,
             (OwnLayout::Either, OwnRead::Cheaper) => spans_cheaper(pool, own),
         }
@@ -158,7 +158,8 @@ impl<'a> PagedBatch<'a> {
             ));
         };
         let bt = self.pool.shape().block_tokens;
-        let shared = if layout == OwnLayout::Padded {
+        let whole = layout.whole_rows();
+        let shared = if whole {
             0
         } else {
             // Full before this step, the same block in every row.
@@ -172,30 +173,35 @@ impl<'a> PagedBatch<'a> {
             .iter()
             .map(|s| &s.table[shared..(s.len + 1).div_ceil(bt)])
             .collect();
-        let plan =
-            if layout == OwnLayout::Padded && own.len() == 1 && self.pool.span_count(own[0]) == 1 {
-                OwnPlan::InPlace
-            } else if self.read.spans(layout, self.pool, &own) {
-                OwnPlan::Spans
+        let tables = || {
+            let lens: Vec<usize> = self.seqs.iter().map(|s| s.len + 1).collect();
+            self.pool.plan_tables(&own, &lens)
+        };
+        let plan = if whole && own.len() == 1 && self.pool.span_count(own[0]) == 1 {
+            OwnPlan::InPlace
+        } else if let Some(t) = (layout == OwnLayout::Tables).then(tables).flatten() {
+            OwnPlan::Tables(t)
+        } else if self.read.spans(layout, self.pool, &own) {
+            OwnPlan::Spans
+        } else {
+            let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
+            // Rows of one length are trimmed to it and need no mask (a GPU then runs its
+            // fused decode kernel, which takes none; it reads the trimmed view in place).
+            // Rows of several lengths are masked: whole blocks, left contiguous, since the
+            // unfused attention would copy a trimmed view of them again.
+            let keys = if self.seqs.iter().all(|s| s.len == first.len) {
+                first.len + 1 - shared * bt
             } else {
-                let blocks = own.iter().map(|t| t.len()).max().unwrap_or(0);
-                // Rows of one length are trimmed to it and need no mask (a GPU then runs its
-                // fused decode kernel, which takes none; it reads the trimmed view in place).
-                // Rows of several lengths are masked: whole blocks, left contiguous, since the
-                // unfused attention would copy a trimmed view of them again.
-                let keys = if self.seqs.iter().all(|s| s.len == first.len) {
-                    first.len + 1 - shared * bt
-                } else {
-                    blocks * bt
-                };
-                let order = if layout == OwnLayout::Padded {
-                    Order::RowsFirst
-                } else {
-                    Order::HeadsFirst
-                };
-                let plan = Gather::new(self.pool, &own, blocks, order)?;
-                OwnPlan::Gather(plan, keys as i32)
+                blocks * bt
             };
+            let order = if whole {
+                Order::RowsFirst
+            } else {
+                Order::HeadsFirst
+            };
+            let plan = Gather::new(self.pool, &own, blocks, order)?;
+            OwnPlan::Gather(plan, keys as i32)
+        };
         Ok((shared, plan))
     }
 }
@@ -270,6 +276,7 @@ impl BatchKv for PagedBatch<'_> {
                 // [1, kv_heads, keys, head_dim]: rows first already, a view.
                 OwnKeys::RowsFirst(k, v)
             }
+            Some(OwnPlan::Tables(plan)) => OwnKeys::Tables(self.pool.table_keys(layer, plan)?),
             Some(OwnPlan::Spans) => {
                 let mut rows = Vec::with_capacity(self.seqs.len());
                 for s in &self.seqs {
@@ -306,6 +313,8 @@ enum OwnPlan {
     Spans,
     /// The batch's one row, whose blocks are one run in one slab: one view, nothing copied.
     InPlace,
+    /// Read in place by block table.
+    Tables(TableRead),
 }
 
 fn reserve_in(seq: &mut PagedSeq, pool: &mut BlockPool, tokens: usize) -> Result<()> {

@@ -14,6 +14,7 @@
 
 mod gather;
 mod slab;
+mod tables;
 mod write;
 
 use std::collections::BTreeSet;
@@ -22,6 +23,7 @@ use mlx_rs::{Array, Dtype};
 
 pub use gather::{CopyCosts, Gather, Order, spans_cheaper};
 use slab::Slab;
+pub use tables::{MOST_TABLE_SLABS, TableRead};
 pub use write::WritePlan;
 
 use crate::Result;

@@ -193,6 +193,7 @@ pub(super) fn batch_attention(
             ops::matmul(pt.reshape(&[kv_heads, b, group, lt])?, tv)?
                 .reshape(&[kv_heads, rows, hd])?
         }
+        OwnKeys::Tables(_) => return Err(no_keys()),
         OwnKeys::Spans(per_row) => {
             let mut outs = Vec::with_capacity(per_row.len());
             for (i, spans) in per_row.iter().enumerate() {
@@ -235,6 +236,7 @@ fn own_scores(
             }
             Ok((s.reshape(&[kv_heads, b * group, lt])?, lt))
         }
+        OwnKeys::Tables(_) => Err(no_keys()),
         OwnKeys::Spans(per_row) => {
             let len = |spans: &Vec<(Array, Array)>| -> i32 {
                 spans.iter().map(|(k, _)| k.shape()[2]).sum()

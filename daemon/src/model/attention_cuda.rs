@@ -20,27 +20,28 @@ use super::cuda_kernel::{Constant, CudaKernel, switch};
 use crate::Result;
 use crate::kv::{BatchKeys, OwnKeys};
 
+mod tables;
+
+pub use tables::{attend_tables, reads_tables, tables_wanted};
+
 const WARPS: i32 = 8;
 
 /// The most `G × head_dim` (query heads per KV head times their width): the per-warp partial
 /// outputs live in shared memory (`WARPS × G × D` floats, 32 KiB at the most).
 const MOST_GROUP_WIDTH: i32 = 1024;
 
-/// The body. Inputs: `q` `[b, heads, 1, D]`, `k` / `v` `[b, kv_heads, keys, D]` (each row's own
-/// keys, padded), `sk` / `sv` `[1, kv_heads, S, D]` (the shared prefix; any array when `S` is 0),
-/// `lens` `[b + 1]` (row `i` reads its first `lens[i]` own keys; `lens[b]` is `S`). Output `o`
-/// `[b, 1, heads * D]`. Template constants: `T`, `D`, `G`.
-const SOURCE: &str = r#"
+/// The body, around where a kernel says how many keys row `b` reads (`n`, after `{LENGTH}`) and
+/// where key `t` of KV head `h` is (`kp`, `vp` and their element strides `kd`, `vd`, at
+/// `{LOCATE}`). Template constants: `T`, `D`, `G`; output `o` `[b, 1, heads * D]`.
+const BODY: &str = r#"
   constexpr int WARPS = 8;
   constexpr int PER = D / 32;
   const int h = blockIdx.x;
   const int b = blockIdx.y;
   const int kvh = gridDim.x;
-  const int rows = gridDim.y;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int shared_n = lens[rows];
-  const int n = shared_n + lens[b];
+{LENGTH}
   const float fold = rsqrtf((float)D) * 1.4426950408889634f;
   const float neg_inf = __int_as_float(0xff800000);
   float qv[G][PER];
@@ -61,21 +62,7 @@ const SOURCE: &str = r#"
     for (int i = 0; i < PER; ++i) acc[g][i] = 0.f;
   }
   for (int t = warp; t < n; t += WARPS) {
-    const T* kp;
-    const T* vp;
-    long long kd, vd;
-    if (t < shared_n) {
-      kp = sk + h * sk_strides[1] + t * sk_strides[2];
-      vp = sv + h * sv_strides[1] + t * sv_strides[2];
-      kd = sk_strides[3];
-      vd = sv_strides[3];
-    } else {
-      const int u = t - shared_n;
-      kp = k + b * k_strides[0] + h * k_strides[1] + u * k_strides[2];
-      vp = v + b * v_strides[0] + h * v_strides[1] + u * v_strides[2];
-      kd = k_strides[3];
-      vd = v_strides[3];
-    }
+{LOCATE}
     float kf[PER], vf[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
@@ -129,6 +116,36 @@ const SOURCE: &str = r#"
   }
 "#;
 
+/// This kernel's inputs: `q` `[b, heads, 1, D]`, `k` / `v` `[b, kv_heads, keys, D]` (each row's
+/// own keys, padded), `sk` / `sv` `[1, kv_heads, S, D]` (the shared prefix; any array when `S` is
+/// 0), `lens` `[b + 1]` (row `i` reads its first `lens[i]` own keys; `lens[b]` is `S`).
+const LENGTH: &str = r#"  const int shared_n = lens[gridDim.y];
+  const int n = shared_n + lens[b];
+"#;
+
+/// Key `t`: the shared prefix's first, then the row's own.
+const LOCATE: &str = r#"    const T* kp;
+    const T* vp;
+    long long kd, vd;
+    if (t < shared_n) {
+      kp = sk + h * sk_strides[1] + t * sk_strides[2];
+      vp = sv + h * sv_strides[1] + t * sv_strides[2];
+      kd = sk_strides[3];
+      vd = sv_strides[3];
+    } else {
+      const int u = t - shared_n;
+      kp = k + b * k_strides[0] + h * k_strides[1] + u * k_strides[2];
+      vp = v + b * v_strides[0] + h * v_strides[1] + u * v_strides[2];
+      kd = k_strides[3];
+      vd = v_strides[3];
+    }
+"#;
+
+/// A body reading keys as `length` and `locate` say (see [`BODY`]).
+pub(super) fn source(length: &str, locate: &str) -> String {
+    BODY.replace("{LENGTH}", length).replace("{LOCATE}", locate)
+}
+
 /// Whether the kernel is wanted: yes, unless `MLXCEL_CUDA_ATTENTION=0`.
 pub fn wanted() -> bool {
     static WANTED: OnceLock<bool> = OnceLock::new();
@@ -143,7 +160,7 @@ fn kernel() -> Option<&'static CudaKernel> {
             "mlxcel_decode_attention",
             &inputs,
             &["o"],
-            SOURCE,
+            &source(LENGTH, LOCATE),
             "",
             false,
         )
@@ -173,7 +190,7 @@ pub fn attend_batch(
     let (k, v) = match &keys.own {
         OwnKeys::RowsFirst(k, v) => (k.clone(), v.clone()),
         OwnKeys::Padded(k, v) => (k.swap_axes(0, 1)?, v.swap_axes(0, 1)?),
-        OwnKeys::Spans(_) => return Ok(None),
+        OwnKeys::Spans(_) | OwnKeys::Tables(_) => return Ok(None),
     };
     let qs = q.shape();
     if qs.len() != 4 || qs[2] != 1 || kv_heads <= 0 || keys.shared.len() > 1 {

@@ -299,8 +299,10 @@ impl Model {
             .take_axis(ids, 0)?
             .reshape(&[b, 1, c.hidden as i32])?;
         let mut read: Option<StepRead> = None;
-        // The fused kernel reads one padded tensor; the CPU's span kernel reads spans in place.
+        // CUDA's table kernel reads the pool in place; the fused kernel reads one padded tensor;
+        // the CPU's span kernel reads spans in place.
         let layout = match (self.placement.gpu, span_attention::available()) {
+            (true, _) if self.reads_tables() => OwnLayout::Tables,
             (true, _) => OwnLayout::Padded,
             (false, true) => OwnLayout::Spans,
             (false, false) => OwnLayout::Either,

@@ -40,6 +40,11 @@ impl Slab {
         self.layers.iter().map(|a| a.nbytes() as u64).sum()
     }
 
+    /// `layer`'s flat rows.
+    pub(super) fn layer(&self, layer: usize) -> &Array {
+        &self.layers[layer]
+    }
+
     /// Writes `values` (`[n, head_dim]`) into `rows` of `layer`, one update.
     pub(super) fn write(&mut self, layer: usize, rows: &Array, values: &Array) -> Result<()> {
         self.layers[layer].try_index_mut(rows.clone(), values.clone())?;

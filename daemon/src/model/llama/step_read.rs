@@ -1,6 +1,7 @@
 //! A decode step's attention, and how it reads each row's padded own keys: a padding mask
 //! (every device's fused or plain attention), or, on CUDA, each row's length for
-//! `attention_cuda`'s kernel, which needs no mask. Decided once per step, at the first layer,
+//! `attention_cuda`'s kernel, which needs no mask (where the keys were gathered: on CUDA they
+//! are mostly read in place by block table). Decided once per step, at the first layer,
 //! each built when first asked for.
 
 use mlx_rs::{Array, Dtype};
@@ -10,7 +11,7 @@ use super::super::{attention_cuda, span_attention};
 use super::Model;
 use crate::Result;
 use crate::device::{Backend, Placement};
-use crate::kv::BatchKeys;
+use crate::kv::{BatchKeys, OwnKeys};
 
 impl Model {
     /// Attention of a decode step over [`BatchKeys`], reading padded own keys as `read` says.
@@ -24,6 +25,9 @@ impl Model {
         let c = &self.config;
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (hd as f32).sqrt();
+        if let OwnKeys::Tables(t) = &keys.own {
+            return attention_cuda::attend_tables(q, t, kv_heads);
+        }
         if !self.placement.gpu {
             let group = heads / kv_heads;
             if let Some(out) = span_attention::attend_batch(q, keys, scale, group as usize)? {
@@ -39,6 +43,18 @@ impl Model {
             return Ok(out);
         }
         self.attend_masked(q, keys, scale, read.mask()?)
+    }
+
+    /// Whether decode steps read K/V by block table ([`attention_cuda::attend_tables`]).
+    pub(super) fn reads_tables(&self) -> bool {
+        let c = &self.config;
+        self.placement.backend == Backend::Cuda
+            && attention_cuda::reads_tables(
+                c.heads as i32,
+                c.kv_heads as i32,
+                c.head_dim as i32,
+                self.placement.dtype,
+            )
     }
 
     /// [`Model::attend_batch`] through MLX's ops (the CPU's plain ones, a GPU's fused kernel).

@@ -1,0 +1,167 @@
+//! Decode attention read by block table (`attention_cuda::attend_tables`): a real pool whose
+//! sequences' blocks lie scattered over several slabs, written through the pool, gives what a
+//! softmax over each row's keys gives (f32, MLX's ops), for rows of different lengths, f16 and
+//! f32, and the group sizes of SmolLM2 (3) and Llama 3 8B (4). The plan's tables are checked
+//! on every backend; the kernel needs a CUDA GPU (without one that test says it was skipped;
+//! `scripts/gpu_check.sh` runs it on one).
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{Array, Dtype, ops, random};
+use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
+use mlxcel_daemon::kv::TABLE_SLAB_SHIFT;
+use mlxcel_daemon::model::attention_cuda::attend_tables;
+use mlxcel_daemon::pool::{BlockId, BlockPool, MOST_TABLE_SLABS, PoolShape};
+
+const BT: usize = 16;
+
+fn shape(kvh: usize, d: usize, dtype: Dtype) -> PoolShape {
+    PoolShape {
+        layers: 2,
+        num_blocks: 64,
+        block_tokens: BT,
+        kv_heads: kvh,
+        head_dim: d,
+        dtype,
+    }
+}
+
+fn normal(shape: &[i32], dtype: Dtype) -> Array {
+    random::normal::<f32>(shape, None, None, None)
+        .unwrap()
+        .as_dtype(dtype)
+        .unwrap()
+}
+
+fn f32(a: &Array) -> Array {
+    a.as_dtype(Dtype::Float32).unwrap()
+}
+
+/// Tables of `lens` tokens each over a pool of 4-block slabs, blocks taken in turns (row 0's
+/// first, row 1's first, ...) so each row's blocks are scattered over the slabs.
+fn scattered(pool: &mut BlockPool, lens: &[usize]) -> Vec<Vec<BlockId>> {
+    let mut tables = vec![Vec::new(); lens.len()];
+    let most = lens.iter().map(|n| n.div_ceil(BT)).max().unwrap_or(0);
+    for j in 0..most {
+        for (i, &n) in lens.iter().enumerate() {
+            if j < n.div_ceil(BT) {
+                tables[i].extend(pool.allocate(1).expect("room"));
+            }
+        }
+    }
+    tables
+}
+
+#[test]
+fn a_plan_names_each_block_by_slab_and_place_and_refuses_too_many_slabs() {
+    let mut pool = BlockPool::with_slab_blocks(shape(2, 32, Dtype::Float32), 4).unwrap();
+    let lens = [40, 3, 20];
+    let tables = scattered(&mut pool, &lens);
+    let refs: Vec<&[BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
+    let plan = pool.plan_tables(&refs, &lens).expect("3 slabs fit");
+    let keys = pool.table_keys(1, &plan).unwrap();
+    assert_eq!(keys.slabs.len(), 2, "6 blocks over slabs of 4");
+    assert_eq!(keys.slab_blocks.as_slice::<i32>(), &[4, 4]);
+    assert_eq!(keys.lens.as_slice::<i32>(), &[40, 3, 20]);
+    assert_eq!(keys.tables.shape(), &[3, 3]);
+    let entries = keys.tables.as_slice::<i32>();
+    for (i, t) in tables.iter().enumerate() {
+        for j in 0..3 {
+            // Past a row's blocks, its first again.
+            let b = t.get(j).copied().unwrap_or(t[0]) as i32;
+            let e = entries[i * 3 + j];
+            let (slab, local) = (e >> TABLE_SLAB_SHIFT, e & ((1 << TABLE_SLAB_SHIFT) - 1));
+            assert_eq!(slab * 4 + local, b, "row {i} block {j}");
+        }
+    }
+    // More slabs than the kernel takes: the caller gathers instead.
+    let long = [BT * 4 * (MOST_TABLE_SLABS + 1)];
+    let mut big = BlockPool::with_slab_blocks(
+        PoolShape {
+            num_blocks: 64,
+            ..shape(2, 32, Dtype::Float32)
+        },
+        4,
+    )
+    .unwrap();
+    let t = big.allocate(long[0] / BT).unwrap();
+    assert!(big.plan_tables(&[&t], &long).is_none());
+    // A table shorter than its length.
+    assert!(pool.plan_tables(&[&tables[1]], &[BT + 1]).is_none());
+}
+
+fn on_cuda() -> bool {
+    let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
+    if placement.backend == Backend::Cuda {
+        return true;
+    }
+    eprintln!(
+        "skipped: no CUDA GPU here (backend {}), nothing checked",
+        placement.backend
+    );
+    false
+}
+
+fn check(heads: i32, kvh: i32, d: i32, lens: &[usize], dtype: Dtype) {
+    let mut pool = BlockPool::with_slab_blocks(shape(kvh as usize, d as usize, dtype), 4).unwrap();
+    let tables = scattered(&mut pool, lens);
+    // Each row's keys and values, written position by position through the pool (layer 1).
+    let mut written = Vec::new();
+    for (t, &n) in tables.iter().zip(lens) {
+        let (k, v) = (
+            normal(&[kvh, n as i32, d], dtype),
+            normal(&[kvh, n as i32, d], dtype),
+        );
+        let at: Vec<(BlockId, usize)> = (0..n).map(|p| (t[p / BT], p % BT)).collect();
+        pool.write(1, &at, &k, &v).unwrap();
+        written.push((k, v));
+    }
+    let refs: Vec<&[BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
+    let plan = pool.plan_tables(&refs, lens).expect("the slabs fit");
+    let keys = pool.table_keys(1, &plan).unwrap();
+    assert!(keys.slabs.len() > 1, "the test reads several slabs");
+    let b = lens.len() as i32;
+    let q = normal(&[b, 1, heads, d], dtype).swap_axes(1, 2).unwrap();
+    let out = attend_tables(&q, &keys, kvh).unwrap();
+    assert_eq!(out.shape(), &[b, 1, heads * d]);
+    let tolerance = if dtype == Dtype::Float32 { 1e-3 } else { 1e-2 };
+    let group = heads / kvh;
+    for (i, (k, v)) in written.iter().enumerate() {
+        let qi = ops::multiply(
+            f32(&q.index((i as i32, .., 0, ..))),
+            Array::from_f32(1.0 / (d as f32).sqrt()),
+        )
+        .unwrap()
+        .reshape(&[kvh, group, d])
+        .unwrap();
+        let scores = ops::matmul(&qi, f32(k).swap_axes(1, 2).unwrap()).unwrap();
+        let p = ops::softmax_axis(&scores, -1, None).unwrap();
+        let want = ops::matmul(&p, f32(v))
+            .unwrap()
+            .reshape(&[heads * d])
+            .unwrap();
+        let got = f32(&out.index((i as i32, 0, ..)));
+        let err = ops::abs(ops::subtract(&got, &want).unwrap())
+            .unwrap()
+            .max(None)
+            .unwrap()
+            .item_cast::<f32>();
+        assert!(
+            err < tolerance,
+            "row {i} ({} keys, {dtype:?}): error {err}",
+            lens[i]
+        );
+    }
+}
+
+#[test]
+fn rows_read_by_table_match_a_softmax_over_their_keys() {
+    if !on_cuda() {
+        return;
+    }
+    for dtype in [Dtype::Float16, Dtype::Float32] {
+        // SmolLM2's shape: 9 heads over 3, head_dim 64.
+        check(9, 3, 64, &[1, 17, 130, 33], dtype);
+        // Llama 3 8B's: 32 over 8, head_dim 128.
+        check(32, 8, 128, &[150, 2, 64, 97], dtype);
+    }
+}
