@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use mlx_rs::Array;
-use mlxcel_daemon::kv::{BatchKv, OwnLayout};
+use mlxcel_daemon::kv::{BatchKv, OwnKeys};
 use mlxcel_daemon::model::Model;
 use mlxcel_daemon::paged::{PagedBatch, PagedSeq};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
@@ -254,7 +254,8 @@ fn decode_steps(m: &Model, pool: &mut BlockPool, seed: &[u32], case: &Case, step
 }
 
 /// Median ms of writing one new row per sequence and reading the keys back, every layer, as
-/// the model's decode step does on a GPU (padded own keys), without the model.
+/// the model's decode step does on a GPU (padded own keys, or by table: then the writes
+/// alone), without the model.
 fn kv_path(m: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq], steps: usize) -> f64 {
     let (b, kvh, hd) = (
         seqs.len() as i32,
@@ -270,10 +271,17 @@ fn kv_path(m: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq], steps: usize)
         let mut outs: Vec<Array> = Vec::new();
         for layer in 0..m.config.layers {
             let keys = kv
-                .append_all(layer, row.clone(), row.clone(), OwnLayout::Padded)
+                .append_all(layer, row.clone(), row.clone(), m.decode_layout())
                 .expect("append");
-            if let Some((k, v)) = keys.own.rows_first().expect("keys") {
-                outs.extend([k, v]);
+            match keys.own {
+                // Read in place by the attention kernel: the writes alone.
+                OwnKeys::Tables(t) => outs.extend(t.slabs),
+                own => outs.extend(
+                    own.rows_first()
+                        .expect("keys")
+                        .into_iter()
+                        .flat_map(|(k, v)| [k, v]),
+                ),
             }
             outs.extend(keys.shared.into_iter().flat_map(|(k, v)| [k, v]));
         }

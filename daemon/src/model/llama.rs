@@ -264,6 +264,17 @@ impl Model {
             .reshape(&[1, t, heads * hd])?)
     }
 
+    /// How a decode step reads each row's keys: CUDA's table kernel reads the pool in place;
+    /// a GPU's fused kernel reads one padded tensor; the CPU's span kernel reads spans in place.
+    pub fn decode_layout(&self) -> OwnLayout {
+        match (self.placement.gpu, span_attention::available()) {
+            (true, _) if self.reads_tables() => OwnLayout::Tables,
+            (true, _) => OwnLayout::Padded,
+            (false, true) => OwnLayout::Spans,
+            (false, false) => OwnLayout::Either,
+        }
+    }
+
     /// One decode step for several sequences at once: `tokens[i]` is the next token of sequence
     /// `i` of `kv`. Every op runs once for the whole batch: the projections, one RoPE with
     /// per-row offsets, one write of the new K/V rows per layer, one attention per layer over
@@ -299,14 +310,7 @@ impl Model {
             .take_axis(ids, 0)?
             .reshape(&[b, 1, c.hidden as i32])?;
         let mut read: Option<StepRead> = None;
-        // CUDA's table kernel reads the pool in place; the fused kernel reads one padded tensor;
-        // the CPU's span kernel reads spans in place.
-        let layout = match (self.placement.gpu, span_attention::available()) {
-            (true, _) if self.reads_tables() => OwnLayout::Tables,
-            (true, _) => OwnLayout::Padded,
-            (false, true) => OwnLayout::Spans,
-            (false, false) => OwnLayout::Either,
-        };
+        let layout = self.decode_layout();
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let (q, k, v) = self.project(layer, &h)?;
