@@ -174,6 +174,8 @@ pub struct TableKeys {
     pub tables: Array,
     /// `[rows]` i32: keys row `i` reads, this step's included.
     pub lens: Array,
+    /// The most keys a row reads (`lens`' maximum, known on the host).
+    pub longest: i32,
     /// Positions per block.
     pub block_tokens: i32,
 }

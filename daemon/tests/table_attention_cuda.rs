@@ -9,7 +9,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype, ops, random};
 use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
 use mlxcel_daemon::kv::TABLE_SLAB_SHIFT;
-use mlxcel_daemon::model::attention_cuda::attend_tables;
+use mlxcel_daemon::model::attention_cuda::{attend_tables, parts};
 use mlxcel_daemon::pool::{BlockId, BlockPool, MOST_TABLE_SLABS, PoolShape};
 
 const BT: usize = 16;
@@ -17,7 +17,7 @@ const BT: usize = 16;
 fn shape(kvh: usize, d: usize, dtype: Dtype) -> PoolShape {
     PoolShape {
         layers: 2,
-        num_blocks: 64,
+        num_blocks: 512,
         block_tokens: BT,
         kv_heads: kvh,
         head_dim: d,
@@ -36,7 +36,7 @@ fn f32(a: &Array) -> Array {
     a.as_dtype(Dtype::Float32).unwrap()
 }
 
-/// Tables of `lens` tokens each over a pool of 4-block slabs, blocks taken in turns (row 0's
+/// Tables of `lens` tokens each, blocks taken in turns (row 0's
 /// first, row 1's first, ...) so each row's blocks are scattered over the slabs.
 fn scattered(pool: &mut BlockPool, lens: &[usize]) -> Vec<Vec<BlockId>> {
     let mut tables = vec![Vec::new(); lens.len()];
@@ -55,6 +55,8 @@ fn scattered(pool: &mut BlockPool, lens: &[usize]) -> Vec<Vec<BlockId>> {
 fn a_plan_names_each_block_by_slab_and_place_and_refuses_too_many_slabs() {
     let mut pool = BlockPool::with_slab_blocks(shape(2, 32, Dtype::Float32), 4).unwrap();
     let lens = [40, 3, 20];
+    // Short rows: one pass.
+    assert_eq!(parts(3, 2, 40), 1);
     let tables = scattered(&mut pool, &lens);
     let refs: Vec<&[BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
     let plan = pool.plan_tables(&refs, &lens).expect("3 slabs fit");
@@ -101,8 +103,18 @@ fn on_cuda() -> bool {
     false
 }
 
-fn check(heads: i32, kvh: i32, d: i32, lens: &[usize], dtype: Dtype) {
-    let mut pool = BlockPool::with_slab_blocks(shape(kvh as usize, d as usize, dtype), 4).unwrap();
+/// Rows of `lens` keys in slabs of `slab_blocks` blocks, read in `want_parts` parts.
+fn check(
+    heads: i32,
+    kvh: i32,
+    d: i32,
+    lens: &[usize],
+    slab_blocks: u32,
+    want_parts: i32,
+    dtype: Dtype,
+) {
+    let shape = shape(kvh as usize, d as usize, dtype);
+    let mut pool = BlockPool::with_slab_blocks(shape, slab_blocks).unwrap();
     let tables = scattered(&mut pool, lens);
     // Each row's keys and values, written position by position through the pool (layer 1).
     let mut written = Vec::new();
@@ -120,6 +132,7 @@ fn check(heads: i32, kvh: i32, d: i32, lens: &[usize], dtype: Dtype) {
     let keys = pool.table_keys(1, &plan).unwrap();
     assert!(keys.slabs.len() > 1, "the test reads several slabs");
     let b = lens.len() as i32;
+    assert_eq!(parts(b, kvh, keys.longest), want_parts, "{lens:?}");
     let q = normal(&[b, 1, heads, d], dtype).swap_axes(1, 2).unwrap();
     let out = attend_tables(&q, &keys, kvh).unwrap();
     assert_eq!(out.shape(), &[b, 1, heads * d]);
@@ -154,14 +167,26 @@ fn check(heads: i32, kvh: i32, d: i32, lens: &[usize], dtype: Dtype) {
 }
 
 #[test]
+fn long_rows_are_split_only_while_the_gpu_would_idle() {
+    assert_eq!(parts(8, 8, 500), 1, "short rows");
+    assert_eq!(parts(1, 8, 4096), 8, "one long row: parts of 512 keys");
+    assert_eq!(parts(8, 8, 4096), 5, "64 blocks: about 264 in all");
+    assert_eq!(parts(40, 8, 4096), 1, "320 blocks keep the GPU busy");
+    assert_eq!(parts(1, 8, 1023), 1, "under two parts' keys");
+}
+
+#[test]
 fn rows_read_by_table_match_a_softmax_over_their_keys() {
     if !on_cuda() {
         return;
     }
     for dtype in [Dtype::Float16, Dtype::Float32] {
         // SmolLM2's shape: 9 heads over 3, head_dim 64.
-        check(9, 3, 64, &[1, 17, 130, 33], dtype);
+        check(9, 3, 64, &[1, 17, 130, 33], 4, 1, dtype);
         // Llama 3 8B's: 32 over 8, head_dim 128.
-        check(32, 8, 128, &[150, 2, 64, 97], dtype);
+        check(32, 8, 128, &[150, 2, 64, 97], 4, 1, dtype);
+        // Few long rows: split into parts, merged.
+        check(9, 3, 64, &[3000, 5], 64, 5, dtype);
+        check(32, 8, 128, &[1100, 1500], 64, 2, dtype);
     }
 }

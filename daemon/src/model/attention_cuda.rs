@@ -22,7 +22,7 @@ use crate::kv::{BatchKeys, OwnKeys};
 
 mod tables;
 
-pub use tables::{attend_tables, reads_tables, tables_wanted};
+pub use tables::{attend_tables, parts, reads_tables, tables_wanted};
 
 const WARPS: i32 = 8;
 
@@ -30,9 +30,11 @@ const WARPS: i32 = 8;
 /// outputs live in shared memory (`WARPS × G × D` floats, 32 KiB at the most).
 const MOST_GROUP_WIDTH: i32 = 1024;
 
-/// The body, around where a kernel says how many keys row `b` reads (`n`, after `{LENGTH}`) and
+/// The body, around where a kernel says which keys row `b` reads (`first..n`, after `{LENGTH}`),
 /// where key `t` of KV head `h` is (`kp`, `vp` and their element strides `kd`, `vd`, at
-/// `{LOCATE}`). Template constants: `T`, `D`, `G`; output `o` `[b, 1, heads * D]`.
+/// `{LOCATE}`), and what it writes of query head `h * G + g`'s dimension `d` once the warps'
+/// softmax maxima (`mx`, base 2), sums (`den`) and weighted values (`num`) are merged
+/// (`{FINISH}`). Template constants: `T`, `D`, `G`.
 const BODY: &str = r#"
   constexpr int WARPS = 8;
   constexpr int PER = D / 32;
@@ -61,7 +63,7 @@ const BODY: &str = r#"
 #pragma unroll
     for (int i = 0; i < PER; ++i) acc[g][i] = 0.f;
   }
-  for (int t = warp; t < n; t += WARPS) {
+  for (int t = first + warp; t < n; t += WARPS) {
 {LOCATE}
     float kf[PER], vf[PER];
 #pragma unroll
@@ -112,14 +114,15 @@ const BODY: &str = r#"
       den += sl[w * G + g] * f;
       num += sacc[(w * G + g) * D + d] * f;
     }
-    o[(size_t)b * (kvh * G * D) + (h * G + g) * D + d] = static_cast<T>(num / den);
+{FINISH}
   }
 "#;
 
 /// This kernel's inputs: `q` `[b, heads, 1, D]`, `k` / `v` `[b, kv_heads, keys, D]` (each row's
 /// own keys, padded), `sk` / `sv` `[1, kv_heads, S, D]` (the shared prefix; any array when `S` is
 /// 0), `lens` `[b + 1]` (row `i` reads its first `lens[i]` own keys; `lens[b]` is `S`).
-const LENGTH: &str = r#"  const int shared_n = lens[gridDim.y];
+const LENGTH: &str = r#"  const int first = 0;
+  const int shared_n = lens[gridDim.y];
   const int n = shared_n + lens[b];
 "#;
 
@@ -141,9 +144,16 @@ const LOCATE: &str = r#"    const T* kp;
     }
 "#;
 
-/// A body reading keys as `length` and `locate` say (see [`BODY`]).
-pub(super) fn source(length: &str, locate: &str) -> String {
-    BODY.replace("{LENGTH}", length).replace("{LOCATE}", locate)
+/// The attention itself, `o` `[b, 1, heads * D]`.
+pub(super) const FINISH: &str =
+    "    o[(size_t)b * (kvh * G * D) + (h * G + g) * D + d] = static_cast<T>(num / den);";
+
+/// A body reading keys as `length` and `locate` say and writing what `finish` says (see
+/// [`BODY`]).
+pub(super) fn source(length: &str, locate: &str, finish: &str) -> String {
+    BODY.replace("{LENGTH}", length)
+        .replace("{LOCATE}", locate)
+        .replace("{FINISH}", finish)
 }
 
 /// Whether the kernel is wanted: yes, unless `MLXCEL_CUDA_ATTENTION=0`.
@@ -160,7 +170,7 @@ fn kernel() -> Option<&'static CudaKernel> {
             "mlxcel_decode_attention",
             &inputs,
             &["o"],
-            &source(LENGTH, LOCATE),
+            &source(LENGTH, LOCATE, FINISH),
             "",
             false,
         )

@@ -23,6 +23,7 @@ pub struct TableRead {
     slab_blocks: Array,
     tables: Array,
     lens: Array,
+    longest: i32,
 }
 
 impl BlockPool {
@@ -65,6 +66,7 @@ impl BlockPool {
         let slab_blocks: Vec<i32> = slabs.iter().map(|&s| self.slab_len(s) as i32).collect();
         let lens: Vec<i32> = lens.iter().map(|&n| n as i32).collect();
         Some(TableRead {
+            longest: lens.iter().copied().max()?,
             slab_blocks: Array::from_slice(&slab_blocks, &[slab_blocks.len() as i32]),
             tables: Array::from_slice(&entries, &[tables.len() as i32, blocks as i32]),
             lens: Array::from_slice(&lens, &[lens.len() as i32]),
@@ -88,6 +90,7 @@ impl BlockPool {
             slab_blocks: plan.slab_blocks.clone(),
             tables: plan.tables.clone(),
             lens: plan.lens.clone(),
+            longest: plan.longest,
             block_tokens: self.shape.block_tokens as i32,
         })
     }
