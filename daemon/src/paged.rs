@@ -1,5 +1,6 @@
 //! A sequence's view of the paged pool: its block table, and a [`KvStore`] that writes new K/V
-//! rows into its blocks and gathers all of them for attention.
+//! rows into its blocks and reads all of them for attention (in place as spans or by block
+//! table, or gathered, as the model's attention takes them).
 //!
 //! The first blocks may be shared (mapped from the prefix cache, refcount +1): their rows are
 //! only read. Before each forward pass the caller reserves room for the new tokens

@@ -11,6 +11,10 @@
 //! online softmax per warp, merged across warps by log-sum-exp in shared memory. A shared prefix
 //! (one span every row reads first, in place) is read before the row's own keys.
 //! `MLXCEL_CUDA_ATTENTION=0` turns it off, for A/B runs.
+//!
+//! [`tables`] is the same body reading the keys where they lie in the pool, by block table,
+//! which is how decode steps read them on CUDA; this one reads keys already gathered (a step
+//! whose blocks lie in more slabs than that kernel takes).
 
 use std::sync::OnceLock;
 
