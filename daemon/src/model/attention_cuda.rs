@@ -67,28 +67,41 @@ const BODY: &str = r#"
 #pragma unroll
     for (int i = 0; i < PER; ++i) acc[g][i] = 0.f;
   }
-  for (int t = first + warp; t < n; t += WARPS) {
-{LOCATE}
-    float kf[PER], vf[PER];
+  // Keys `t0`, `t0 + WARPS`, ...: UNROLL of them loaded before any is scored, so a warp has
+  // that many reads in flight.
+  constexpr int UNROLL = 4;
+  for (int t0 = first + warp; t0 < n; t0 += WARPS * UNROLL) {
+    float kf[UNROLL][PER], vf[UNROLL][PER];
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      kf[i] = static_cast<float>(kp[(lane * PER + i) * kd]);
-      vf[i] = static_cast<float>(vp[(lane * PER + i) * vd]);
+    for (int step = 0; step < UNROLL; ++step) {
+      const int t = t0 + step * WARPS;
+      if (t < n) {
+{LOCATE}
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+          kf[step][i] = static_cast<float>(kp[(lane * PER + i) * kd]);
+          vf[step][i] = static_cast<float>(vp[(lane * PER + i) * vd]);
+        }
+      }
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float s = 0.f;
+    for (int step = 0; step < UNROLL; ++step) {
+      if (t0 + step * WARPS >= n) break;
 #pragma unroll
-      for (int i = 0; i < PER; ++i) s += qv[g][i] * kf[i];
+      for (int g = 0; g < G; ++g) {
+        float s = 0.f;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      const float mn = fmaxf(m[g], s);
-      const float c = exp2f(m[g] - mn);
-      const float p = exp2f(s - mn);
-      l[g] = l[g] * c + p;
+        for (int i = 0; i < PER; ++i) s += qv[g][i] * kf[step][i];
 #pragma unroll
-      for (int i = 0; i < PER; ++i) acc[g][i] = acc[g][i] * c + p * vf[i];
-      m[g] = mn;
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float mn = fmaxf(m[g], s);
+        const float c = exp2f(m[g] - mn);
+        const float p = exp2f(s - mn);
+        l[g] = l[g] * c + p;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) acc[g][i] = acc[g][i] * c + p * vf[step][i];
+        m[g] = mn;
+      }
     }
   }
   __shared__ float sm[WARPS * G];

@@ -69,16 +69,19 @@ const MERGE: &str = r#"
 const INPUTS: [&str; 4 + MOST_TABLE_SLABS] =
     ["q", "s0", "s1", "s2", "s3", "slab_blocks", "tables", "lens"];
 
-/// Keys a part reads at least, and the blocks (of [`WARPS`] warps) that keep a GPU busy.
-const PART_KEYS: i32 = 512;
+/// Rows shorter than this take one pass (a split costs a second node per layer); a part reads
+/// at least [`PART_KEYS`] keys of the longest row; [`BUSY_BLOCKS`] blocks (of [`WARPS`] warps)
+/// keep a GPU busy (two per SM of an H100 or H200).
+const SPLIT_FROM: i32 = 1024;
+const PART_KEYS: i32 = 256;
 const BUSY_BLOCKS: i32 = 264;
 
-/// Parts each row's keys are split into: 1 (one pass) unless the longest row has at least two
-/// parts' keys and the rows leave the GPU idle; then as many as fill it, each at least
-/// [`PART_KEYS`] keys of the longest row.
+/// Parts each row's keys are split into: 1 (one pass) for rows shorter than [`SPLIT_FROM`]
+/// or enough of them to fill the GPU; else as many as fill it, each at least [`PART_KEYS`]
+/// keys of the longest row.
 pub fn parts(rows: i32, kv_heads: i32, longest: i32) -> i32 {
     let blocks = (rows * kv_heads).max(1);
-    if blocks >= BUSY_BLOCKS || longest < 2 * PART_KEYS {
+    if blocks >= BUSY_BLOCKS || longest < SPLIT_FROM {
         return 1;
     }
     ((BUSY_BLOCKS + blocks - 1) / blocks)
