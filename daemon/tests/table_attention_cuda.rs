@@ -1,15 +1,17 @@
 //! Decode attention read by block table (`attention_cuda::attend_tables`): a real pool whose
 //! sequences' blocks lie scattered over several slabs, written through the pool, gives what a
-//! softmax over each row's keys gives (f32, MLX's ops), for rows of different lengths, f16 and
-//! f32, and the group sizes of SmolLM2 (3) and Llama 3 8B (4). The plan's tables are checked
-//! on every backend; the kernel needs a CUDA GPU (without one that test says it was skipped;
+//! softmax over each row's keys gives (f32, MLX's ops), for rows of different lengths, in one
+//! pass and split into parts, f16 and f32, and the group sizes of SmolLM2 (3) and Llama 3 8B
+//! (4). The plans, and what a decode step that asks for tables gets, are checked on every
+//! backend; the kernel needs a CUDA GPU (without one that test says it was skipped;
 //! `scripts/gpu_check.sh` runs it on one).
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype, ops, random};
 use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
-use mlxcel_daemon::kv::TABLE_SLAB_SHIFT;
+use mlxcel_daemon::kv::{BatchKv, OwnKeys, OwnLayout, TABLE_SLAB_SHIFT};
 use mlxcel_daemon::model::attention_cuda::{attend_tables, parts};
+use mlxcel_daemon::paged::{PagedBatch, PagedSeq};
 use mlxcel_daemon::pool::{BlockId, BlockPool, MOST_TABLE_SLABS, PoolShape};
 
 const BT: usize = 16;
@@ -89,6 +91,50 @@ fn a_plan_names_each_block_by_slab_and_place_and_refuses_too_many_slabs() {
     assert!(big.plan_tables(&[&t], &long).is_none());
     // A table shorter than its length.
     assert!(pool.plan_tables(&[&tables[1]], &[BT + 1]).is_none());
+}
+
+#[test]
+fn a_decode_step_asking_for_tables_gets_each_rows_blocks_and_length_after_its_write() {
+    let mut pool = BlockPool::with_slab_blocks(shape(2, 32, Dtype::Float32), 4).unwrap();
+    let lens = [40, 3, 20];
+    let tables = scattered(&mut pool, &lens);
+    let mut seqs: Vec<PagedSeq> = tables
+        .iter()
+        .zip(lens)
+        .map(|(t, len)| PagedSeq {
+            table: t.clone(),
+            len,
+        })
+        .collect();
+    let mut batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
+    batch.reserve().unwrap();
+    let row = normal(&[3, 2, 1, 32], Dtype::Float32);
+    let keys = batch
+        .append_all(1, row.clone(), row, OwnLayout::Tables)
+        .unwrap();
+    assert!(keys.shared.is_empty(), "tables read every row whole");
+    let OwnKeys::Tables(t) = keys.own else {
+        panic!("a step over 2 slabs is read by table");
+    };
+    // This step's key included: 41, 4, 21.
+    assert_eq!(t.lens.as_slice::<i32>(), &[41, 4, 21]);
+    assert_eq!(t.longest, 41);
+    assert_eq!(t.block_tokens, BT as i32);
+    assert_eq!(t.tables.shape(), &[3, 3]);
+    batch.commit();
+    drop(batch);
+    // Rows over more slabs than the kernel takes are gathered instead.
+    let long = [BT * 4 * (MOST_TABLE_SLABS + 1) - 1];
+    let mut seq = PagedSeq::default();
+    assert!(seq.reserve(&mut pool, long[0]));
+    seq.len = long[0];
+    let mut batch = PagedBatch::new(vec![&mut seq], &mut pool);
+    batch.reserve().unwrap();
+    let row = normal(&[1, 2, 1, 32], Dtype::Float32);
+    let keys = batch
+        .append_all(0, row.clone(), row, OwnLayout::Tables)
+        .unwrap();
+    assert!(matches!(keys.own, OwnKeys::RowsFirst(..)));
 }
 
 fn on_cuda() -> bool {
