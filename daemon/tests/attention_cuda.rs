@@ -4,48 +4,13 @@
 //! f16 and f32, and the group sizes of SmolLM2 (3) and Llama 3 8B (4). Needs a CUDA GPU: without
 //! one each test says it was skipped (CI has none; `scripts/gpu_check.sh` runs them on one).
 
+mod support;
+
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{Array, Dtype, ops, random};
-use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
+use mlx_rs::{Dtype, ops};
 use mlxcel_daemon::kv::{BatchKeys, OwnKeys};
 use mlxcel_daemon::model::attention_cuda::{attend_batch, lengths};
-
-fn on_cuda() -> bool {
-    let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
-    if placement.backend == Backend::Cuda {
-        return true;
-    }
-    eprintln!(
-        "skipped: no CUDA GPU here (backend {}), nothing checked",
-        placement.backend
-    );
-    false
-}
-
-fn normal(shape: &[i32], dtype: Dtype) -> Array {
-    random::normal::<f32>(shape, None, None, None)
-        .unwrap()
-        .as_dtype(dtype)
-        .unwrap()
-}
-
-fn f32(a: &Array) -> Array {
-    a.as_dtype(Dtype::Float32).unwrap()
-}
-
-/// Row `i`'s attention, f32: queries `[heads, d]` over keys and values `[kvh, n, d]`.
-fn reference(q: &Array, k: &Array, v: &Array, group: i32) -> Array {
-    let (heads, d) = (q.shape()[0], q.shape()[1]);
-    let kvh = heads / group;
-    let q = ops::multiply(f32(q), Array::from_f32(1.0 / (d as f32).sqrt())).unwrap();
-    let q = q.reshape(&[kvh, group, d]).unwrap();
-    let scores = ops::matmul(&q, f32(k).swap_axes(1, 2).unwrap()).unwrap();
-    let p = ops::softmax_axis(&scores, -1, None).unwrap();
-    ops::matmul(&p, f32(v))
-        .unwrap()
-        .reshape(&[heads * d])
-        .unwrap()
-}
+use support::cuda::{max_error, normal, on_cuda, reference, tolerance};
 
 struct Case {
     heads: i32,
@@ -88,12 +53,6 @@ fn check(c: Case) {
         .unwrap()
         .expect("the kernel takes these inputs");
     assert_eq!(out.shape(), &[b, 1, c.heads * c.d]);
-    // f32: the reference's matmuls may run in TF32 (measured 1.5e-4 on an H100).
-    let tolerance = if c.dtype == Dtype::Float32 {
-        1e-3
-    } else {
-        1e-2
-    };
     for (i, &n) in c.own.iter().enumerate() {
         let i = i as i32;
         let (mut ks, mut vs) = (k.index((i, .., ..n, ..)), v.index((i, .., ..n, ..)));
@@ -102,14 +61,9 @@ fn check(c: Case) {
             vs = ops::concatenate(&[sv.index(0), vs], 1).unwrap();
         }
         let want = reference(&q.index((i, .., 0, ..)), &ks, &vs, c.heads / c.kvh);
-        let got = f32(&out.index((i, 0, ..)));
-        let err = ops::abs(ops::subtract(&got, &want).unwrap())
-            .unwrap()
-            .max(None)
-            .unwrap()
-            .item_cast::<f32>();
+        let err = max_error(&out.index((i, 0, ..)), &want);
         assert!(
-            err < tolerance,
+            err < tolerance(c.dtype),
             "row {i} ({n} own keys, {} shared, {:?}): error {err}",
             c.shared,
             c.dtype

@@ -6,13 +6,15 @@
 //! backend; the kernel needs a CUDA GPU (without one that test says it was skipped;
 //! `scripts/gpu_check.sh` runs it on one).
 
+mod support;
+
+use mlx_rs::Dtype;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{Array, Dtype, ops, random};
-use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
 use mlxcel_daemon::kv::{BatchKv, OwnKeys, OwnLayout, TABLE_SLAB_SHIFT};
 use mlxcel_daemon::model::attention_cuda::{attend_tables, parts};
 use mlxcel_daemon::paged::{PagedBatch, PagedSeq};
 use mlxcel_daemon::pool::{BlockId, BlockPool, MOST_TABLE_SLABS, PoolShape};
+use support::cuda::{max_error, normal, on_cuda, reference, tolerance};
 
 const BT: usize = 16;
 
@@ -25,17 +27,6 @@ fn shape(kvh: usize, d: usize, dtype: Dtype) -> PoolShape {
         head_dim: d,
         dtype,
     }
-}
-
-fn normal(shape: &[i32], dtype: Dtype) -> Array {
-    random::normal::<f32>(shape, None, None, None)
-        .unwrap()
-        .as_dtype(dtype)
-        .unwrap()
-}
-
-fn f32(a: &Array) -> Array {
-    a.as_dtype(Dtype::Float32).unwrap()
 }
 
 /// Tables of `lens` tokens each, blocks taken in turns (row 0's
@@ -137,18 +128,6 @@ fn a_decode_step_asking_for_tables_gets_each_rows_blocks_and_length_after_its_wr
     assert!(matches!(keys.own, OwnKeys::RowsFirst(..)));
 }
 
-fn on_cuda() -> bool {
-    let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
-    if placement.backend == Backend::Cuda {
-        return true;
-    }
-    eprintln!(
-        "skipped: no CUDA GPU here (backend {}), nothing checked",
-        placement.backend
-    );
-    false
-}
-
 /// Rows of `lens` keys (queries of `heads` heads over `kvh` KV heads of width `d`) in slabs of `slab_blocks` blocks, read in `want_parts` parts.
 fn check(
     cuda: bool,
@@ -184,30 +163,13 @@ fn check(
     let q = normal(&[b, 1, heads, d], dtype).swap_axes(1, 2).unwrap();
     let out = attend_tables(&q, &keys, kvh).unwrap();
     assert_eq!(out.shape(), &[b, 1, heads * d]);
-    let tolerance = if dtype == Dtype::Float32 { 1e-3 } else { 1e-2 };
     let group = heads / kvh;
     for (i, (k, v)) in written.iter().enumerate() {
-        let qi = ops::multiply(
-            f32(&q.index((i as i32, .., 0, ..))),
-            Array::from_f32(1.0 / (d as f32).sqrt()),
-        )
-        .unwrap()
-        .reshape(&[kvh, group, d])
-        .unwrap();
-        let scores = ops::matmul(&qi, f32(k).swap_axes(1, 2).unwrap()).unwrap();
-        let p = ops::softmax_axis(&scores, -1, None).unwrap();
-        let want = ops::matmul(&p, f32(v))
-            .unwrap()
-            .reshape(&[heads * d])
-            .unwrap();
-        let got = f32(&out.index((i as i32, 0, ..)));
-        let err = ops::abs(ops::subtract(&got, &want).unwrap())
-            .unwrap()
-            .max(None)
-            .unwrap()
-            .item_cast::<f32>();
+        let qi = q.index((i as i32, .., 0, ..));
+        let want = reference(&qi, k, v, group);
+        let err = max_error(&out.index((i as i32, 0, ..)), &want);
         assert!(
-            err < tolerance,
+            err < tolerance(dtype),
             "row {i} ({} keys, {dtype:?}): error {err}",
             lens[i]
         );

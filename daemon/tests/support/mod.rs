@@ -2,6 +2,8 @@
 //! directory (optionally quantized, optionally as a Qwen2 / Qwen3 variant).
 #![allow(dead_code)]
 
+pub mod cuda;
+
 use std::path::Path;
 
 use mlx_rs::{Array, Dtype};
