@@ -1,6 +1,7 @@
 //! Warm-up: before the daemon listens, it runs the shapes the scheduler will use (prefill chunks:
 //! on a GPU every padded row count and every attention shape up to a long context, on the CPU one
-//! chunk; batched decode steps at the largest batch, masked and not, and their draws) so no user
+//! chunk; batched decode steps at the largest batch, masked and not, and their draws; on CUDA a
+//! step whose long row's keys are split into parts) so no user
 //! waits on first-use costs (kernel builds on a GPU; BLAS work buffers and page faults on the
 //! CPU), and so the memory an idle daemon holds is what it holds after serving, not less.
 
@@ -78,6 +79,9 @@ pub fn run(
         seqs.iter_mut().for_each(|s| s.free(pool));
         result?;
     }
+    if let Some(long) = model.split_decode_from() {
+        warm_split_decode(model, pool, long, prefill_chunk)?;
+    }
     mlx_rs::memory::clear_cache()?;
     crate::host_memory::trim_freed_memory();
     crate::jit_cache::publish();
@@ -86,6 +90,38 @@ pub fn run(
         chunks: chunks.len(),
         attention_shapes,
     })
+}
+
+/// A decode step of two rows, one `long` tokens (prefilled in chunks of `chunk`), one a token:
+/// on CUDA few long rows split their keys into parts, which are two more kernels. Skipped
+/// where the pool has no room for it.
+fn warm_split_decode(model: &Model, pool: &mut BlockPool, long: usize, chunk: usize) -> Result<()> {
+    let bt = pool.shape().block_tokens;
+    if (long + 1).div_ceil(bt) + 1 > pool.free_blocks() as usize || chunk == 0 {
+        return Ok(());
+    }
+    let ids = |n: usize| -> Vec<u32> { (0..n).map(|i| 1000 + (i % 4000) as u32).collect() };
+    let mut seqs = [PagedSeq::default(), PagedSeq::default()];
+    let mut result = Ok(());
+    while result.is_ok() && seqs[0].len < long {
+        let n = chunk.min(long - seqs[0].len);
+        result = model
+            .forward(&ids(n), &mut seqs[0].store(pool))
+            .and_then(|l| Ok(l.eval()?));
+    }
+    if result.is_ok() {
+        result = model
+            .forward(&ids(1), &mut seqs[1].store(pool))
+            .and_then(|l| Ok(l.eval()?));
+    }
+    if result.is_ok() {
+        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
+        result = model
+            .forward_batch(&ids(2), &mut kv)
+            .and_then(|l| Ok(l.eval()?));
+    }
+    seqs.iter_mut().for_each(|s| s.free(pool));
+    result
 }
 
 /// Draws a step's tokens from `logits` (`[rows, vocab]`) greedily and sampled with every filter,

@@ -26,7 +26,7 @@ use crate::kv::{BatchKeys, OwnKeys};
 
 mod tables;
 
-pub use tables::{attend_tables, parts, reads_tables, tables_wanted};
+pub use tables::{SPLIT_FROM, attend_tables, parts, reads_tables, tables_wanted};
 
 const WARPS: i32 = 8;
 

@@ -72,7 +72,7 @@ const INPUTS: [&str; 4 + MOST_TABLE_SLABS] =
 /// Rows shorter than this take one pass (a split costs a second node per layer); a part reads
 /// at least [`PART_KEYS`] keys of the longest row; [`BUSY_BLOCKS`] blocks (of [`WARPS`] warps)
 /// keep a GPU busy (two per SM of an H100 or H200).
-const SPLIT_FROM: i32 = 1024;
+pub const SPLIT_FROM: i32 = 1024;
 const PART_KEYS: i32 = 256;
 const BUSY_BLOCKS: i32 = 264;
 

@@ -57,6 +57,13 @@ impl Model {
             )
     }
 
+    /// Where decode steps by table split rows' keys into parts: from this many keys (`None`
+    /// where steps do not read by table). The warm-up runs such a step.
+    pub fn split_decode_from(&self) -> Option<usize> {
+        self.reads_tables()
+            .then_some(attention_cuda::SPLIT_FROM as usize)
+    }
+
     /// [`Model::attend_batch`] through MLX's ops (the CPU's plain ones, a GPU's fused kernel).
     fn attend_masked(
         &self,
