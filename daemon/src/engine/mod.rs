@@ -25,7 +25,7 @@ mod sequence;
 mod setup;
 mod step;
 mod step_clock;
-mod warmup;
+pub mod warmup;
 
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -162,13 +162,7 @@ fn give_back_freed_memory() {
 /// What a step's work freed goes back to the system: MLX's buffer cache and glibc's free pages.
 /// After a prefill chunk these are its activations (tens of MiB at 512 tokens), which a burst of
 /// long prompts would otherwise keep resident on top of the KV it holds.
-/// `MLXCEL_GIVE_BACK_TRANSIENT=0` keeps them in MLX's cache instead, to measure what giving
-/// them back costs (on an H100 one served run then ended at 60 GiB of GPU memory, not 16).
 fn give_back_transient_memory() {
-    static KEEP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *KEEP.get_or_init(|| std::env::var("MLXCEL_GIVE_BACK_TRANSIENT").as_deref() == Ok("0")) {
-        return;
-    }
     if let Err(e) = mlx_rs::memory::clear_cache() {
         tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
     }

@@ -70,6 +70,16 @@ impl Engine {
             "warm-up done: {prefill} and {}-sequence decode steps (masked and not)",
             config.max_running
         );
+        if loaded.model.placement.keeps_step_buffers && warmed.step_bytes > 0 {
+            // A step's freed buffers wait for the next step up to a prefill chunk's worth; the
+            // rest goes back at once, and all of it when the engine goes idle.
+            mlx_rs::memory::set_cache_limit(warmed.step_bytes as usize)?;
+            tracing::info!(
+                step_bytes = warmed.step_bytes,
+                "MLX keeps up to {} of a step's freed buffers for the next step",
+                format_size(warmed.step_bytes)
+            );
+        }
         let geometry = Geometry {
             model_id: loaded.model_id.clone(),
             layers: c.layers as u32,

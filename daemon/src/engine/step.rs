@@ -55,6 +55,8 @@ impl Engine {
         // Only a large prefill's buffers are worth giving back: after the few tokens of a
         // question behind a cached prefix they are small, and the next steps would fault the
         // trimmed pages in again (one A/B at 8 shared-prefix clients: 39 vs 42-45 tok/s).
+        // Where a device keeps them for the next step, MLX's cache limit bounds them instead
+        // (`Placement::keeps_step_buffers`).
         let prefilled = plan.iter().map(|(_, n)| n).sum::<usize>() >= GIVE_BACK_AFTER_TOKENS;
         self.prefill(plan);
         t = self.clock.lap(Phase::Prefill, t);
@@ -96,7 +98,7 @@ impl Engine {
             }
         }
         let t = self.clock.lap(Phase::Other, t);
-        if prefilled {
+        if prefilled && !self.loaded.model.placement.keeps_step_buffers {
             super::give_back_transient_memory();
             self.clock.lap(Phase::Prefill, t);
         }

@@ -20,6 +20,9 @@ pub struct Warmed {
     pub chunks: usize,
     /// Attention shapes built on their own (a GPU's).
     pub attention_shapes: usize,
+    /// The most memory one prefill chunk's pass took beyond what it stored (its activations and
+    /// work buffers; measured from MLX's peak, less the pool's growth): what a step frees.
+    pub step_bytes: u64,
 }
 
 /// Runs the prefill chunks the model asks for ([`Model::warm_up_chunks`],
@@ -38,15 +41,23 @@ pub fn run(
     let ids = |n: usize| -> Vec<u32> { (0..n).map(|i| 1000 + (i % 4000) as u32).collect() };
     let room = blocks.saturating_sub(1) * bt;
     let chunks = model.warm_up_chunks(prefill_chunk);
+    let mut step_bytes = 0;
     for &tokens in &chunks {
         let tokens = tokens.min(room);
         if tokens == 0 {
             continue;
         }
+        let (active, stored) = (mlx_rs::memory::active_memory()?, pool.measured_bytes());
+        mlx_rs::memory::reset_peak_memory()?;
         let mut seq = PagedSeq::default();
-        let out = model.forward(&ids(tokens), &mut seq.store(pool));
+        let out = model
+            .forward(&ids(tokens), &mut seq.store(pool))
+            .and_then(|l| Ok(l.eval()?));
+        let grown = pool.measured_bytes().saturating_sub(stored);
+        let peak = mlx_rs::memory::peak_memory()? as u64;
+        step_bytes = step_bytes.max(peak.saturating_sub(active as u64 + grown));
         seq.free(pool);
-        out?.eval()?;
+        out?;
     }
     let attention_shapes = model.warm_up_attention(prefill_chunk, room)?;
     // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
@@ -89,6 +100,7 @@ pub fn run(
         took: started.elapsed(),
         chunks: chunks.len(),
         attention_shapes,
+        step_bytes,
     })
 }
 
