@@ -71,23 +71,21 @@ pub struct Placement {
     /// `MLXCEL_JOIN_PROJECTIONS=0` keeps them apart, to measure what it buys.
     pub joins_projections: bool,
     /// Keep a step's freed buffers in MLX's cache for the next step, up to what the warm-up's
-    /// prefill measured, instead of giving them back after each prefill step: on CUDA, where
-    /// each one given back is a `cudaFree` and the next step's a fresh allocation (on an H100,
-    /// ~7-13 ms of an 8B model's 512-token prefill step). The CPU and Metal give them back
-    /// (what a user sees in RSS there; on the CPU at no measured cost). Every device gives
-    /// all of it back when the engine goes idle. `MLXCEL_GIVE_BACK_TRANSIENT=1|0` overrides.
+    /// prefill measured, instead of giving them back after each prefill step. Meant for CUDA,
+    /// where each one given back is a `cudaFree` and the next step's a fresh allocation: on an
+    /// H100, with a 2048-token prefill budget, not giving them back at all made a served run
+    /// faster in every cell but left 60 GiB in MLX's cache
+    /// (`bench/results/2026-12-05-gpu-h100-served-56bb6bb/`). Bounded like
+    /// this it has not run on a GPU yet (a bounded cache frees while steps run), so it is
+    /// opt-in everywhere: `MLXCEL_GIVE_BACK_TRANSIENT=0`. Every device gives all of it back
+    /// when the engine goes idle.
     pub keeps_step_buffers: bool,
 }
 
 /// Whether a step's freed buffers wait in MLX's cache for the next step (see
-/// [`Placement::keeps_step_buffers`]): on CUDA unless `MLXCEL_GIVE_BACK_TRANSIENT=1`, elsewhere
-/// only with `MLXCEL_GIVE_BACK_TRANSIENT=0`.
-fn keeps_step_buffers(backend: Backend) -> bool {
-    match std::env::var("MLXCEL_GIVE_BACK_TRANSIENT").as_deref() {
-        Ok("1") => false,
-        Ok("0") => true,
-        _ => backend == Backend::Cuda,
-    }
+/// [`Placement::keeps_step_buffers`]): only with `MLXCEL_GIVE_BACK_TRANSIENT=0`.
+fn keeps_step_buffers() -> bool {
+    std::env::var("MLXCEL_GIVE_BACK_TRANSIENT").as_deref() == Ok("0")
 }
 
 /// Whether to join projections: yes, unless `MLXCEL_JOIN_PROJECTIONS=0`.
@@ -118,7 +116,7 @@ impl Placement {
                 keep_quantized: false,
                 pads_prefill: false,
                 joins_projections: joins_projections(),
-                keeps_step_buffers: keeps_step_buffers(backend),
+                keeps_step_buffers: keeps_step_buffers(),
             }
         } else {
             Placement {
@@ -128,7 +126,7 @@ impl Placement {
                 keep_quantized: true,
                 pads_prefill: backend == Backend::Cuda,
                 joins_projections: joins_projections(),
-                keeps_step_buffers: keeps_step_buffers(backend),
+                keeps_step_buffers: keeps_step_buffers(),
             }
         };
         Device::set_default(&if placement.gpu {
