@@ -17,19 +17,23 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 
 use crate::service::{self, Process};
 use crate::settings;
+use child::{describe, forward, signal};
+
+mod child;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Directory of the mlxcel binaries (default: the one holding mlxcelctl).
     #[arg(long, value_name = "DIR")]
     pub bin_dir: Option<PathBuf>,
-    /// How long each process may take to become ready (the daemon loads the model).
-    #[arg(long, default_value = "180s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    /// How long each process may take to become ready. The daemon listens once it has loaded
+    /// the model and warmed up: seconds on the CPU, minutes on a GPU machine's first start
+    /// (MLX builds its kernels then; later starts reuse them).
+    #[arg(long, default_value = "600s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub startup_timeout: Duration,
 }
 
@@ -54,6 +58,8 @@ const MAX_FAST_FAILURES: u32 = 5;
 /// A child that ran this long is considered healthy again (backoff and failure count reset).
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often a slow start is reported while it is awaited.
+const WAITING_NOTE_EVERY: Duration = Duration::from_secs(30);
 
 struct Supervisor {
     bin_dir: PathBuf,
@@ -273,15 +279,32 @@ impl Supervisor {
         }
     }
 
-    /// Waits until `p` answers, or fails if it exits or the startup timeout passes.
+    /// Waits until `p` answers, or fails if it exits or the startup timeout passes; says every
+    /// [`WAITING_NOTE_EVERY`] that it is still waiting.
     async fn wait_ready(&mut self, p: Process, running: Running) -> Result<(), String> {
-        let deadline = Instant::now() + self.startup_timeout;
+        let started = Instant::now();
+        let deadline = started + self.startup_timeout;
+        let mut next_note = started + WAITING_NOTE_EVERY;
         loop {
             if self.probe(p).await {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(format!("not ready within {:?}", self.startup_timeout));
+            }
+            if now >= next_note {
+                next_note += WAITING_NOTE_EVERY;
+                say(&format!(
+                    "{} not ready yet after {} s{} (gives up after {})",
+                    p.name(),
+                    (now - started).as_secs(),
+                    match p {
+                        Process::Daemon => ": loading and warming up the model",
+                        _ => "",
+                    },
+                    humantime::format_duration(self.startup_timeout)
+                ));
             }
             tokio::select! {
                 exit = self.exits.recv() => match exit {
@@ -368,46 +391,5 @@ impl Supervisor {
         for p in Process::ALL.into_iter().rev() {
             self.stop(p).await;
         }
-    }
-}
-
-fn signal(pid: u32, sig: nix::sys::signal::Signal) {
-    if let Ok(pid) = i32::try_from(pid) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
-    }
-}
-
-fn describe(status: &std::io::Result<ExitStatus>) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match status {
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(code), _) => format!("exit code {code}"),
-            (None, Some(sig)) => format!("killed by signal {sig}"),
-            _ => s.to_string(),
-        },
-        Err(e) => format!("wait failed: {e}"),
-    }
-}
-
-/// Copies a child's output to our stderr, each line prefixed with its name.
-async fn forward(stream: impl AsyncRead + Unpin, name: &'static str) {
-    use std::io::Write;
-    let mut reader = BufReader::new(stream);
-    let mut line = Vec::new();
-    // Bytes, not `lines()`: a line that is not UTF-8 must not end the forwarding (the child
-    // would then block on its unread pipe); it is shown with replacement characters.
-    while reader
-        .read_until(b'\n', &mut line)
-        .await
-        .is_ok_and(|n| n > 0)
-    {
-        let text = String::from_utf8_lossy(&line);
-        // Never fails (eprintln! would panic on a full disk or a closed stderr).
-        let _ = writeln!(
-            std::io::stderr(),
-            "[{name}] {}",
-            text.trim_end_matches(['\n', '\r'])
-        );
-        line.clear();
     }
 }
