@@ -59,7 +59,11 @@ pub fn run(
         seq.free(pool);
         out?;
     }
+    // What each stage built is kept as it goes: a first start on a GPU can take minutes, and
+    // one cut short (a supervisor's timeout, Ctrl-C) leaves the next start less to build.
+    crate::jit_cache::publish();
     let attention_shapes = model.warm_up_attention(prefill_chunk, room)?;
+    crate::jit_cache::publish();
     // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
     let batch = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
     if batch > 0 {
