@@ -9,19 +9,13 @@
 use mlxcel_daemon::engine::warmup;
 use mlxcel_daemon::load;
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
-use mlxcel_tests::root;
+use mlxcel_tests::default_model;
 
 const MIB: u64 = 1 << 20;
 
 #[test]
 fn a_prefill_steps_transient_bytes_grow_with_its_chunk_and_leave_out_the_pool() {
-    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run `make setup`",
-        path.display()
-    );
-    let m = load(&path).expect("load the default model");
+    let m = load(&default_model()).expect("load the default model (`make setup` places it)");
     let c = &m.model.config;
     let shape = PoolShape {
         layers: c.layers,
