@@ -81,6 +81,13 @@ pub struct Placement {
     /// Metal too, where it is unmeasured on Metal and measured no different on the CPU. Every
     /// device gives all of it back when the engine goes idle.
     pub keeps_step_buffers: bool,
+    /// Where prefill is padded (CUDA), a chunk of at most 16 tokens over more than 1024 keys
+    /// (the new tokens of a prompt whose prefix is cached) runs its attention at 16 query rows,
+    /// not 512 (`model::fused_prefill::Pad`). On an H100 such a pass of 7 tokens over ~4.1k
+    /// cached keys took 49-80 ms at 512 rows, against 7-8 ms for a one-row decode step
+    /// (`bench/results/2026-12-06-gpu-h100-prefill-budget-c725845/`). Not yet measured with
+    /// 16 rows, so opt-in: `MLXCEL_CUDA_FEW_QUERY_ROWS=1`.
+    pub few_query_rows: bool,
 }
 
 /// Whether a step's freed buffers wait in MLX's cache for the next step (see
@@ -98,6 +105,12 @@ fn keeps_step_buffers_under(setting: Option<&str>, backend: Backend) -> bool {
         Some("1") => false,
         _ => backend == Backend::Cuda,
     }
+}
+
+/// Whether short prefill chunks keep few query rows (see [`Placement::few_query_rows`]): only
+/// with `MLXCEL_CUDA_FEW_QUERY_ROWS=1`.
+fn few_query_rows() -> bool {
+    std::env::var("MLXCEL_CUDA_FEW_QUERY_ROWS").as_deref() == Ok("1")
 }
 
 /// Whether to join projections: yes, unless `MLXCEL_JOIN_PROJECTIONS=0`.
@@ -129,6 +142,7 @@ impl Placement {
                 pads_prefill: false,
                 joins_projections: joins_projections(),
                 keeps_step_buffers: keeps_step_buffers(backend),
+                few_query_rows: false,
             }
         } else {
             Placement {
@@ -139,6 +153,7 @@ impl Placement {
                 pads_prefill: backend == Backend::Cuda,
                 joins_projections: joins_projections(),
                 keeps_step_buffers: keeps_step_buffers(backend),
+                few_query_rows: backend == Backend::Cuda && few_query_rows(),
             }
         };
         Device::set_default(&if placement.gpu {
@@ -163,6 +178,7 @@ impl Placement {
             pads_prefill: padded,
             joins_projections: true,
             keeps_step_buffers: false,
+            few_query_rows: padded && few_query_rows(),
         }
     }
 

@@ -24,7 +24,11 @@ fn path() -> std::path::PathBuf {
 
 /// CUDA's formulation (`padded`) or Metal's.
 fn gpu_formulation(padded: bool) -> Loaded {
-    let m = load_placed(&path(), Placement::gpu_formulation_on_cpu(padded)).expect("load");
+    placed(Placement::gpu_formulation_on_cpu(padded))
+}
+
+fn placed(placement: Placement) -> Loaded {
+    let m = load_placed(&path(), placement).expect("load");
     assert!(m.model.placement.gpu);
     m
 }
@@ -81,10 +85,22 @@ fn padded_prefill_gives_the_cpu_formulations_logits() {
     let base = ids(&chat["prompt_ids"]);
     let long: Vec<u32> = base.iter().copied().cycle().take(1100).collect();
     // Short contexts (every shape its own), past 1024 keys (queries padded to 512 rows, keys to
-    // 1536), and chunks that leave a short tail; Metal's exact shapes on two of them.
-    let cases = [(&long[..300], 512), (&long[..300], 100), (&long[..], 512)];
-    for (padded, cases) in [(true, &cases[..]), (false, &cases[1..])] {
-        let gpu = gpu_formulation(padded);
+    // 1536), chunks that leave a short tail, and a tail of 6 tokens over 1030 keys (16 query
+    // rows where few rows are kept); Metal's exact shapes on two of them.
+    let cases = [
+        (&long[..300], 512),
+        (&long[..300], 100),
+        (&long[..], 512),
+        (&long[..1030], 512),
+    ];
+    let mut few_rows = Placement::gpu_formulation_on_cpu(true);
+    few_rows.few_query_rows = true;
+    for (placement, cases) in [
+        (Placement::gpu_formulation_on_cpu(true), &cases[..]),
+        (few_rows, &cases[2..]),
+        (Placement::gpu_formulation_on_cpu(false), &cases[1..3]),
+    ] {
+        let gpu = placed(placement);
         same_logits(&cpu.model, &gpu.model, cases);
     }
 }
@@ -103,9 +119,11 @@ fn same_logits(cpu: &Model, gpu: &Model, cases: &[(&[u32], usize)]) {
             // Measured: at most 5.3e-5 against logits up to 35 (f32, other op orders); a
             // padding row seen by a real query moved them by 3.7.
             worst <= 1e-4 * scale.max(1.0),
-            "{} tokens in chunks of {chunk}, padded {}: logits differ by {worst} (largest {scale})",
+            "{} tokens in chunks of {chunk}, padded {} (few rows {}): logits differ by {worst} \
+             (largest {scale})",
             tokens.len(),
-            gpu.placement.pads_prefill
+            gpu.placement.pads_prefill,
+            gpu.placement.few_query_rows
         );
     }
 }

@@ -20,6 +20,7 @@ use mlx_rs::{Array, fast, ops};
 
 use super::llama::Model;
 use crate::Result;
+use crate::device::Placement;
 
 /// The fewest query rows a padded chunk has.
 const MIN_QUERY_ROWS: i32 = 16;
@@ -38,6 +39,36 @@ const KEY_STEP: i32 = 256;
 
 /// The most keys a warm-up builds shapes for; longer contexts build theirs on first use.
 pub const WARM_KEYS: usize = 16384;
+
+/// With [`Pad::Shapes`]`{ few_rows: true }`, a chunk of at most this many query rows keeps them
+/// past [`SHORT_KEYS`] keys instead of running [`MAX_POWER_ROWS`]: the few new tokens of a
+/// prompt whose prefix is cached. One more shape per key bucket.
+pub const FEW_ROWS: i32 = 16;
+
+/// How a prefill chunk's attention is shaped: exact (Metal, the CPU), or padded to a few shapes
+/// (CUDA), optionally keeping [`FEW_ROWS`] query rows over long keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pad {
+    Exact,
+    Shapes { few_rows: bool },
+}
+
+impl Pad {
+    /// What `placement` runs.
+    pub fn of(placement: &Placement) -> Self {
+        if placement.pads_prefill {
+            Pad::Shapes {
+                few_rows: placement.few_query_rows,
+            }
+        } else {
+            Pad::Exact
+        }
+    }
+
+    fn few_rows(self) -> bool {
+        self == Pad::Shapes { few_rows: true }
+    }
+}
 
 /// Rows a chunk of `t` tokens runs as (`t` itself for one token: a decode-shaped query takes
 /// the kernel's vector path, built once).
@@ -63,10 +94,11 @@ pub(super) fn key_rows(t: i32, s: i32) -> i32 {
     }
 }
 
-/// Query rows the attention of `t` queries over `s` keys runs.
-pub(super) fn attention_rows(t: i32, s: i32) -> i32 {
+/// Query rows the attention of `t` queries over `s` keys runs; with `few_rows`, at most
+/// [`FEW_ROWS`] rows stay as they are over any keys.
+pub(super) fn attention_rows(t: i32, s: i32, few_rows: bool) -> i32 {
     let rows = query_rows(t);
-    if rows > 1 && key_rows(t, s) > SHORT_KEYS {
+    if rows > 1 && key_rows(t, s) > SHORT_KEYS && !(few_rows && rows <= FEW_ROWS) {
         rows.max(MAX_POWER_ROWS)
     } else {
         rows
@@ -86,7 +118,7 @@ pub fn row_shapes(chunk: usize) -> Vec<usize> {
 
 /// Every (attention rows, key rows) shape chunks of at most `chunk` tokens over at most
 /// `max_keys` keys run, for a warm-up to build.
-pub(super) fn attention_shapes(chunk: usize, max_keys: usize) -> Vec<(i32, i32)> {
+pub(super) fn attention_shapes(chunk: usize, max_keys: usize, few_rows: bool) -> Vec<(i32, i32)> {
     let rows: std::collections::BTreeSet<i32> = row_shapes(chunk)
         .into_iter()
         .map(|t| query_rows(t as i32))
@@ -99,7 +131,7 @@ pub(super) fn attention_shapes(chunk: usize, max_keys: usize) -> Vec<(i32, i32)>
         for &r in &rows {
             // A chunk that runs as r rows has at least fewest_tokens(r) keys.
             if fewest_tokens(r) <= keys {
-                shapes.insert((attention_rows(r, keys), keys));
+                shapes.insert((attention_rows(r, keys, few_rows), keys));
             }
         }
         if keys >= max_keys as i32 {
@@ -133,12 +165,13 @@ pub(super) fn warm(
     kv_heads: i32,
     head_dim: i32,
     dtype: mlx_rs::Dtype,
+    pad: Pad,
 ) -> Result<()> {
     for &(rows, keys) in shapes {
         let q = ops::zeros_dtype(&[1, heads, rows, head_dim], dtype)?;
         let k = ops::zeros_dtype(&[1, kv_heads, keys, head_dim], dtype)?;
         let mask = super::attention::causal_mask(rows, (keys - rows).max(0), keys, dtype)?;
-        attend(&q, &[(k.clone(), k)], 1.0, Some(&mask), true)?.eval()?;
+        attend(&q, &[(k.clone(), k)], 1.0, Some(&mask), pad)?.eval()?;
     }
     Ok(())
 }
@@ -164,13 +197,15 @@ impl Model {
         }
         let c = &self.config;
         let keys = max_keys.min(c.context_length).min(WARM_KEYS);
-        let shapes = attention_shapes(chunk, keys);
+        let pad = Pad::of(&self.placement);
+        let shapes = attention_shapes(chunk, keys, pad.few_rows());
         warm(
             &shapes,
             c.heads as i32,
             c.kv_heads as i32,
             c.head_dim as i32,
             self.placement.dtype,
+            pad,
         )?;
         Ok(shapes.len())
     }
@@ -178,24 +213,24 @@ impl Model {
 
 /// Attention of one sequence's `t` queries (`[1, heads, t, head_dim]`, positions
 /// `offset..offset + t`) over the keys and values in `spans` through the fused kernel. With
-/// `pad`, queries and keys are padded to [`attention_rows`] and [`key_rows`] and laid out
-/// contiguously; `mask` is the causal mask of that shape (`[attention_rows, key_rows]`, or of
-/// the exact one without `pad`; `None` only for one query over exactly its keys). Returns
+/// [`Pad::Shapes`], queries and keys are padded to [`attention_rows`] and [`key_rows`] and laid
+/// out contiguously; `mask` is the causal mask of that shape (`[attention_rows, key_rows]`, or
+/// of the exact one with [`Pad::Exact`]; `None` only for one query over exactly its keys). Returns
 /// `[1, heads, t, head_dim]`.
 pub(super) fn attend(
     q: &Array,
     spans: &[(Array, Array)],
     scale: f32,
     mask: Option<&Array>,
-    pad: bool,
+    pad: Pad,
 ) -> Result<Array> {
     let t = q.shape()[2];
     let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-    let (tp, sp) = if pad {
-        (attention_rows(t, s), key_rows(t, s))
-    } else {
-        (t, s)
+    let (tp, sp) = match pad {
+        Pad::Shapes { few_rows } => (attention_rows(t, s, few_rows), key_rows(t, s)),
+        Pad::Exact => (t, s),
     };
+    let pad = pad != Pad::Exact;
     let q = padded(std::slice::from_ref(q), tp, pad)?;
     let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
     let (k, v) = (padded(&ks, sp, pad)?, padded(&vs, sp, pad)?);
@@ -260,10 +295,16 @@ mod tests {
         assert_eq!(key_rows(64, 4096), 4096);
         assert_eq!(key_rows(64, 4097), 6144);
         assert_eq!(key_rows(64, 6145), 8192);
-        assert_eq!(attention_rows(16, 300), 16);
-        assert_eq!(attention_rows(16, 1500), 512);
-        assert_eq!(attention_rows(700, 3000), 1024);
-        assert_eq!(attention_rows(1, 3000), 1);
+        for few in [false, true] {
+            assert_eq!(attention_rows(16, 300, few), 16);
+            assert_eq!(attention_rows(17, 1500, few), 512);
+            assert_eq!(attention_rows(700, 3000, few), 1024);
+            assert_eq!(attention_rows(1, 3000, few), 1);
+        }
+        assert_eq!(attention_rows(16, 1500, false), 512);
+        assert_eq!(attention_rows(7, 4100, false), 512);
+        assert_eq!(attention_rows(16, 1500, true), 16);
+        assert_eq!(attention_rows(7, 4100, true), 16);
     }
 
     #[test]
@@ -271,15 +312,19 @@ mod tests {
         assert_eq!(row_shapes(512), vec![1, 16, 32, 64, 128, 256, 512]);
         assert_eq!(row_shapes(100), vec![1, 16, 32, 64, 100]);
         // 23 shapes up to 1024 keys, then one per key bucket up to 16k.
-        assert_eq!(attention_shapes(512, WARM_KEYS).len(), 23 + 8);
-        for chunk in [7usize, 100, 512, 700] {
-            for max_keys in [900usize, 5000] {
-                let warmed: std::collections::BTreeSet<(i32, i32)> =
-                    attention_shapes(chunk, max_keys).into_iter().collect();
-                for s in 2..=max_keys as i32 {
-                    for t in (2..=(chunk as i32).min(s)).step_by(3) {
-                        let shape = (attention_rows(t, s), key_rows(t, s));
-                        assert!(warmed.contains(&shape), "{chunk}/{max_keys}: {t} of {s}");
+        assert_eq!(attention_shapes(512, WARM_KEYS, false).len(), 23 + 8);
+        // Keeping few rows adds one shape per key bucket past 1024 keys.
+        assert_eq!(attention_shapes(512, WARM_KEYS, true).len(), 23 + 8 + 8);
+        for few in [false, true] {
+            for chunk in [7usize, 100, 512, 700] {
+                for max_keys in [900usize, 5000] {
+                    let warmed: std::collections::BTreeSet<(i32, i32)> =
+                        attention_shapes(chunk, max_keys, few).into_iter().collect();
+                    for s in 2..=max_keys as i32 {
+                        for t in (2..=(chunk as i32).min(s)).step_by(3) {
+                            let shape = (attention_rows(t, s, few), key_rows(t, s));
+                            assert!(warmed.contains(&shape), "{chunk}/{max_keys}: {t} of {s}");
+                        }
                     }
                 }
             }
@@ -293,7 +338,16 @@ mod tests {
         use crate::model::attention::causal_mask;
         let r = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, None).expect("r");
         let (heads, kv_heads, hd) = (4, 2, 8);
-        for (offset, t) in [(0, 5), (0, 16), (37, 20), (250, 9), (300, 300), (1100, 40)] {
+        let cases = [
+            (0, 5),
+            (0, 16),
+            (37, 20),
+            (250, 9),
+            (300, 300),
+            (1100, 40),
+            (1100, 7),
+        ];
+        for ((offset, t), few_rows) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             let s = offset + t;
             let q = r(&[1, heads, t, hd]);
             // Two spans, as the pool hands them out.
@@ -320,9 +374,10 @@ mod tests {
                 None,
             )
             .expect("want");
-            let (tp, sp) = (attention_rows(t, s), key_rows(t, s));
+            let (tp, sp) = (attention_rows(t, s, few_rows), key_rows(t, s));
             let padded_mask = causal_mask(tp, offset, sp, mlx_rs::Dtype::Float32).expect("mask");
-            let got = attend(&q, &spans, 0.3, Some(&padded_mask), true).expect("got");
+            let pad = Pad::Shapes { few_rows };
+            let got = attend(&q, &spans, 0.3, Some(&padded_mask), pad).expect("got");
             assert_eq!(got.shape(), want.shape());
             let diff = ops::abs(ops::subtract(&got, &want).expect("d"))
                 .expect("abs")

@@ -237,7 +237,8 @@ impl Model {
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (hd as f32).sqrt();
         let out = if self.placement.gpu {
-            fused_prefill::attend(q, spans, scale, mask.get()?, self.placement.pads_prefill)?
+            let pad = fused_prefill::Pad::of(&self.placement);
+            fused_prefill::attend(q, spans, scale, mask.get()?, pad)?
         } else if let Some(out) = span_attention::attend(
             q,
             &[spans.to_vec()],

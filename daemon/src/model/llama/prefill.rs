@@ -90,7 +90,7 @@ impl Model {
                 masks[i].keys = if self.placement.pads_prefill && t > 1 {
                     // The fused kernel runs a padded shape (see `fused_prefill`).
                     let (tp, sp) = (
-                        fused_prefill::attention_rows(t, s),
+                        fused_prefill::attention_rows(t, s, self.placement.few_query_rows),
                         fused_prefill::key_rows(t, s),
                     );
                     Some((tp, offset, sp, self.placement.dtype))
