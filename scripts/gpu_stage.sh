@@ -11,7 +11,9 @@
 #   attention_cuda --test table_attention_cuda -p mlxcel-tests --test daemon_e2e --test
 #   pipelined_decode`). OUT (default build/gpu-stage, ignored by git) gets
 #   p0/, p1/, ...: carry each as one call's `carry` path. PART_BYTES (default 58000000) bounds
-#   a part: the working tree travels with it and a call takes 64 MB in all.
+#   a part: the working tree travels with it and a call takes 64 MB in all. BENCH_ONLY=1 packs
+#   the binaries alone (no test executables, no default model: benchmarks on a random-weight
+#   model need neither), 2 parts instead of 4.
 set -euo pipefail
 
 TREE="$(cd "$1" && pwd)"
@@ -39,7 +41,9 @@ rm -rf "$WORK/bin" && mkdir -p "$WORK/bin/bin" "$WORK/bin/tokenizer"
 for b in mlxcel-daemon mlxcel-frontend mlxcel-cachemgr mlxcelctl; do
   cp "$TREE/target/release/$b" "$WORK/bin/bin/"
 done
-for t in steps matmul_rows golden few_rows_cuda attention_cuda table_attention_cuda daemon_e2e pipelined_decode; do
+tests="steps matmul_rows golden few_rows_cuda attention_cuda table_attention_cuda daemon_e2e pipelined_decode"
+[ "${BENCH_ONLY:-0}" = 1 ] && tests=""
+for t in $tests; do
   f="$(newest "$t")"
   [ -n "$f" ] || { say "no $t executable under $TREE/target/release/deps: build it first"; exit 1; }
   cp "$f" "$WORK/bin/bin/$t"
@@ -50,6 +54,9 @@ cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$tok"/config.json "$WORK/
 tar cf - -C "$WORK/bin" . | xz -T0 -6 > "$WORK/bins.tar.xz"
 
 gguf="$REPO/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ "${BENCH_ONLY:-0}" = 1 ]; then
+  gguf="$WORK/no-model.gguf" && : > "$gguf"
+fi
 cat "$WORK/site.tar.xz" "$WORK/bins.tar.xz" "$gguf" > "$WORK/all.bin"
 rm -rf "$OUT" && mkdir -p "$OUT"
 (cd "$WORK" && split -b "$PART_BYTES" -d -a 1 all.bin part.)
