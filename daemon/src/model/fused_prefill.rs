@@ -230,10 +230,10 @@ pub(super) fn attend(
         Pad::Shapes { few_rows } => (attention_rows(t, s, few_rows), key_rows(t, s)),
         Pad::Exact => (t, s),
     };
-    let pad = pad != Pad::Exact;
-    let q = padded(std::slice::from_ref(q), tp, pad)?;
+    let canonical = pad != Pad::Exact;
+    let q = padded(std::slice::from_ref(q), tp, canonical)?;
     let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
-    let (k, v) = (padded(&ks, sp, pad)?, padded(&vs, sp, pad)?);
+    let (k, v) = (padded(&ks, sp, canonical)?, padded(&vs, sp, canonical)?);
     let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
     let out = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
     Ok(if tp == t {
