@@ -85,9 +85,16 @@ pub struct Placement {
     /// (the new tokens of a prompt whose prefix is cached) runs its attention at 16 query rows,
     /// not 512 (`model::fused_prefill::Pad`). On an H100 such a pass of 7 tokens over ~4.1k
     /// cached keys took 49-80 ms at 512 rows, against 7-8 ms for a one-row decode step
-    /// (`bench/results/2026-12-06-gpu-h100-prefill-budget-c725845/`). Not yet measured with
-    /// 16 rows, so opt-in: `MLXCEL_CUDA_FEW_QUERY_ROWS=1`.
+    /// (`bench/results/2026-12-06-gpu-h100-prefill-budget-c725845/`). The default on CUDA;
+    /// `MLXCEL_CUDA_FEW_QUERY_ROWS=0` pads such a chunk to 512 rows, to measure what it buys.
     pub few_query_rows: bool,
+    /// Queue a prefill pass without waiting for it, its finished prompts' first tokens drawn on
+    /// the device (`engine::prefill`): the host encodes the step's decode while the device
+    /// still runs the pass, as a decode step is queued on the one before. The default on a GPU,
+    /// whose passes are encoded by the host and run by the device; on the CPU one pass at a time
+    /// keeps its buffers given back after it. `MLXCEL_QUEUED_PREFILL` set to `1` or `0` decides
+    /// everywhere.
+    pub queues_prefill: bool,
 }
 
 /// Whether a step's freed buffers wait in MLX's cache for the next step (see
@@ -107,10 +114,20 @@ fn keeps_step_buffers_under(setting: Option<&str>, backend: Backend) -> bool {
     }
 }
 
-/// Whether short prefill chunks keep few query rows (see [`Placement::few_query_rows`]): only
-/// with `MLXCEL_CUDA_FEW_QUERY_ROWS=1`.
+/// Whether short prefill chunks keep few query rows where prefill is padded (see
+/// [`Placement::few_query_rows`]): yes, unless `MLXCEL_CUDA_FEW_QUERY_ROWS=0`.
 fn few_query_rows() -> bool {
-    std::env::var("MLXCEL_CUDA_FEW_QUERY_ROWS").as_deref() == Ok("1")
+    std::env::var("MLXCEL_CUDA_FEW_QUERY_ROWS").as_deref() != Ok("0")
+}
+
+/// Whether prefill passes are queued (see [`Placement::queues_prefill`]): by default on a GPU;
+/// `MLXCEL_QUEUED_PREFILL` set to `1` or `0` decides everywhere.
+fn queues_prefill(gpu: bool) -> bool {
+    match std::env::var("MLXCEL_QUEUED_PREFILL").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => gpu,
+    }
 }
 
 /// Whether to join projections: yes, unless `MLXCEL_JOIN_PROJECTIONS=0`.
@@ -143,6 +160,7 @@ impl Placement {
                 joins_projections: joins_projections(),
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: false,
+                queues_prefill: queues_prefill(false),
             }
         } else {
             Placement {
@@ -154,6 +172,7 @@ impl Placement {
                 joins_projections: joins_projections(),
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: backend == Backend::Cuda && few_query_rows(),
+                queues_prefill: queues_prefill(true),
             }
         };
         Device::set_default(&if placement.gpu {
@@ -179,6 +198,7 @@ impl Placement {
             joins_projections: true,
             keeps_step_buffers: false,
             few_query_rows: padded && few_query_rows(),
+            queues_prefill: false,
         }
     }
 

@@ -11,10 +11,9 @@ use std::time::Instant;
 use mlx_rs::Array;
 
 use super::Engine;
-use super::sequence::{Logits, Pending, Sampled, Sequence};
+use super::sequence::{Pending, Sampled, Sequence};
 use super::step::End;
 use super::step_clock::Phase;
-use crate::batch_draw::{self, RowDraw};
 use crate::paged::{PagedBatch, PagedSeq};
 use crate::{EngineError, Result};
 
@@ -93,7 +92,7 @@ impl Engine {
         if batch.is_empty() {
             return out;
         }
-        self.decode_steps += 1;
+        self.draws += 1;
         let result = self.queue_step(&batch);
         t = self.clock.lap(Phase::Model, t);
         self.clock.decoded(batch.len());
@@ -127,7 +126,7 @@ impl Engine {
     fn queue_step(&mut self, batch: &[(usize, Input)]) -> Result<()> {
         let ids = step_ids(batch)?;
         let gpu = self.loaded.model.placement.gpu;
-        let step = self.decode_steps;
+        let draw = self.draws;
         let pool = &mut self.pool;
         let mut seqs: Vec<&mut Sequence> = self
             .sched
@@ -142,46 +141,7 @@ impl Engine {
             let mut batch_kv = PagedBatch::new(kv, pool);
             self.loaded.model.forward_step(&ids, &mut batch_kv)?
         };
-        let on_device: Vec<bool> = seqs
-            .iter()
-            .map(|s| RowDraw::fits(s.sampler.params(), gpu))
-            .collect();
-        let mut queued: Vec<Array> = Vec::new();
-        if on_device.iter().any(|&d| d) {
-            let rows: Vec<RowDraw> = seqs
-                .iter_mut()
-                .zip(&on_device)
-                .map(|(s, &d)| match (d, s.sampler.params().temperature > 0.0) {
-                    (true, true) => {
-                        let u = s.sampler.uniform();
-                        RowDraw::new(s.sampler.params(), u)
-                    }
-                    (true, false) => RowDraw::new(s.sampler.params(), 0.0),
-                    // Drawn greedily and unused: its logits go to the host sampler.
-                    (false, _) => RowDraw::new(&Default::default(), 0.0),
-                })
-                .collect();
-            let logprobs = seqs
-                .iter()
-                .zip(&on_device)
-                .any(|(s, &d)| d && s.sampler.logprobs());
-            let drawn = batch_draw::draw(&logits, &rows, logprobs)?;
-            queued.push(drawn.tokens.clone());
-            queued.extend(drawn.logprobs.clone());
-            for (row, s) in seqs.iter_mut().enumerate().filter(|(r, _)| on_device[*r]) {
-                s.pending = Some(Pending {
-                    drawn: drawn.clone(),
-                    row,
-                    step,
-                });
-            }
-        }
-        if on_device.iter().any(|&d| !d) {
-            queued.push(logits.clone());
-            for (row, s) in seqs.iter_mut().enumerate().filter(|(r, _)| !on_device[*r]) {
-                s.next_logits = Some(Logits::row(&logits, row));
-            }
-        }
+        let queued = super::draws::draw_next(&mut seqs, &logits, gpu, draw)?;
         if pipelined() {
             mlx_rs::transforms::async_eval(&queued)?;
         } else {
@@ -193,7 +153,7 @@ impl Engine {
 
 /// Whether a step is queued before the last one's tokens are read (the default);
 /// `MLXCEL_DECODE_PIPELINE=0` waits for each step instead, to measure what the overlap buys.
-fn pipelined() -> bool {
+pub(super) fn pipelined() -> bool {
     static ON: std::sync::LazyLock<bool> =
         std::sync::LazyLock::new(|| std::env::var("MLXCEL_DECODE_PIPELINE").as_deref() != Ok("0"));
     *ON
@@ -205,9 +165,9 @@ fn step_ids(batch: &[(usize, Input)]) -> Result<Array> {
     let mut draws: Vec<(u64, &Array)> = Vec::new();
     for (_, input) in batch {
         if let Input::Device(p) = input
-            && !draws.iter().any(|(s, _)| *s == p.step)
+            && !draws.iter().any(|(d, _)| *d == p.draw)
         {
-            draws.push((p.step, &p.drawn.tokens));
+            draws.push((p.draw, &p.drawn.tokens));
         }
     }
     let host: Vec<u32> = batch
@@ -248,7 +208,7 @@ fn step_ids(batch: &[(usize, Input)]) -> Result<Array> {
                 next_host - 1
             }
             Input::Device(p) => {
-                let d = draws.iter().position(|(s, _)| *s == p.step).unwrap_or(0);
+                let d = draws.iter().position(|(d, _)| *d == p.draw).unwrap_or(0);
                 starts[d] + p.row as i32
             }
         })

@@ -17,6 +17,7 @@
 mod cache_link;
 mod ceiling;
 mod decode;
+mod draws;
 mod events;
 mod lifecycle;
 mod prefill;
@@ -176,8 +177,10 @@ struct Engine {
     sched: Scheduler<Sequence>,
     cache: CacheLink,
     preemptions: u64,
-    /// Decode steps queued so far (names each step's draw).
-    decode_steps: u64,
+    /// Draws of next tokens queued so far, by decode steps and prefill passes (names each).
+    draws: u64,
+    /// The last queued prefill pass, not yet waited for (see [`Engine::prefill`]).
+    prefill_in_flight: Option<mlx_rs::Array>,
     clock: step_clock::StepClock,
     vitals: Vitals,
     /// MLX's active memory right after the model loaded.
@@ -222,6 +225,7 @@ impl Engine {
                     // Nothing runs: what the last requests freed goes back to the system, now
                     // and once more after a quiet second (the I/O threads free their last
                     // buffers after the engine is done).
+                    self.prefill_in_flight = None;
                     self.clock.report();
                     give_back_freed_memory();
                     match rx.recv_timeout(Duration::from_secs(1)) {

@@ -46,13 +46,14 @@ pub struct Sequence {
     pub pending: Option<Pending>,
 }
 
-/// A token drawn on the device ([`crate::batch_draw`]), row `row` of a step's draw: the next to
-/// send, and the input of the next step, which is queued before it is read.
+/// A token drawn on the device ([`crate::batch_draw`]), row `row` of a decode step's or a
+/// prefill pass's draw: the next to send, and the input of the next step, which is queued
+/// before it is read.
 pub struct Pending {
     pub drawn: Drawn,
     pub row: usize,
-    /// Which decode step drew it (the rows of one draw share its arrays).
-    pub step: u64,
+    /// Which draw it is (the rows of one draw share its arrays).
+    pub draw: u64,
 }
 
 impl Pending {
@@ -77,15 +78,15 @@ impl Pending {
     }
 }
 
-/// One row of an evaluated `[rows, vocab]` (or `[vocab]`) f32 logits array: a batched step's
-/// rows share the array, and each is read in place on the host.
+/// One row of a `[rows, vocab]` (or `[vocab]`) f32 logits array: a batched step's rows share
+/// the array, and each is read in place on the host (evaluated then, if it was queued).
 pub struct Logits {
     all: Array,
     row: usize,
 }
 
 impl Logits {
-    /// Row `row` of `all`, which must be evaluated.
+    /// Row `row` of `all`.
     pub fn row(all: &Array, row: usize) -> Logits {
         Logits {
             all: all.clone(),

@@ -57,10 +57,12 @@ impl StepClock {
         self.totals.prefill_tokens += n as u64;
     }
 
-    /// Counts one prefill forward pass over `chunks` sequences' chunks.
-    pub fn prefill_pass(&mut self, chunks: usize) {
+    /// Counts one prefill forward pass over `chunks` sequences' chunks (`queued`: not waited
+    /// for).
+    pub fn prefill_pass(&mut self, chunks: usize, queued: bool) {
         self.totals.prefill_passes += 1;
         self.totals.prefill_chunks += chunks as u64;
+        self.totals.prefill_passes_queued += u64::from(queued);
     }
 
     /// Everything since the engine started.
