@@ -95,6 +95,11 @@ pub struct Placement {
     /// keeps its buffers given back after it. `MLXCEL_QUEUED_PREFILL` set to `1` or `0` decides
     /// everywhere.
     pub queues_prefill: bool,
+    /// Read a prefill chunk's keys gathered into one array where that costs less than its
+    /// spans (`paged::PagedChunks`): on a GPU, whose attention joins the spans with a copy per
+    /// span per layer, and a prompt over blocks scattered by earlier requests can be hundreds of
+    /// spans. `MLXCEL_PREFILL_GATHER=0` keeps the spans there, to measure what it buys.
+    pub gathers_prefill_keys: bool,
 }
 
 /// Whether a step's freed buffers wait in MLX's cache for the next step (see
@@ -161,6 +166,7 @@ impl Placement {
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: false,
                 queues_prefill: queues_prefill(false),
+                gathers_prefill_keys: false,
             }
         } else {
             Placement {
@@ -173,6 +179,7 @@ impl Placement {
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: backend == Backend::Cuda && few_query_rows(),
                 queues_prefill: queues_prefill(true),
+                gathers_prefill_keys: std::env::var("MLXCEL_PREFILL_GATHER").as_deref() != Ok("0"),
             }
         };
         Device::set_default(&if placement.gpu {
@@ -199,6 +206,7 @@ impl Placement {
             keeps_step_buffers: false,
             few_query_rows: padded && few_query_rows(),
             queues_prefill: false,
+            gathers_prefill_keys: true,
         }
     }
 

@@ -364,6 +364,19 @@ fn append_to(
     k: Array,
     v: Array,
 ) -> Result<Vec<(Array, Array)>> {
+    let blocks = write_rows(seq, pool, write, layer, k, v)?;
+    pool.spans(layer, &seq.table, blocks)
+}
+
+/// [`append_to`]'s write: returns how many blocks the keys now fill.
+fn write_rows(
+    seq: &PagedSeq,
+    pool: &mut BlockPool,
+    write: &mut Option<WritePlan>,
+    layer: usize,
+    k: Array,
+    v: Array,
+) -> Result<usize> {
     let t = k.shape()[2] as usize;
     let bt = pool.shape().block_tokens;
     let (start, end) = (seq.len, seq.len + t);
@@ -372,5 +385,5 @@ fn append_to(
     }
     let plan = write.get_or_insert_with(|| pool.plan_write(&seq.at(bt, start, end)));
     pool.write_planned(layer, plan, &k.squeeze_axes(&[0])?, &v.squeeze_axes(&[0])?)?;
-    pool.spans(layer, &seq.table, end.div_ceil(bt))
+    Ok(end.div_ceil(bt))
 }

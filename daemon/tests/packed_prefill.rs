@@ -1,11 +1,13 @@
 //! Several sequences' prefill chunks in one forward pass (`Model::forward_packed`, what the
 //! engine runs when requests arrive together) give each sequence the logits and the greedy
 //! tokens it gets alone: on the CPU's formulation and on CUDA's (padded rows, through MLX's CPU
-//! reference of the fused ops), with one sequence continued from a chunk of an earlier pass.
+//! reference of the fused ops), with one sequence continued from a chunk of an earlier pass;
+//! and with the keys gathered from a pool whose free blocks are scattered (what a GPU reads when
+//! a prompt's blocks are many runs).
 
 use mlxcel_daemon::device::{DeviceChoice, Placement};
 use mlxcel_daemon::kv::BatchKv;
-use mlxcel_daemon::paged::{PagedBatch, PagedChunks, PagedSeq};
+use mlxcel_daemon::paged::{OwnRead, PagedBatch, PagedChunks, PagedSeq};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
 use mlxcel_daemon::{Loaded, load_on, load_placed};
 use mlxcel_tests::{fixtures, ids, root};
@@ -42,7 +44,18 @@ fn argmax(row: &[f32]) -> u32 {
     best.map_or(0, |(i, _)| i as u32)
 }
 
-fn packed_prefill_matches_each_sequence_alone(m: &Loaded) {
+/// Holds every other block of `pool` (two fillers allocated in turn, one freed): what is left
+/// free is scattered, one block per run. Returns the filler to free at the end.
+fn scatter_free_blocks(pool: &mut BlockPool) -> PagedSeq {
+    let (mut kept, mut freed) = (PagedSeq::default(), PagedSeq::default());
+    for blocks in 1..=32 {
+        assert!(kept.reserve(pool, 16 * blocks) && freed.reserve(pool, 16 * blocks));
+    }
+    freed.free(pool);
+    kept
+}
+
+fn packed_prefill_matches_each_sequence_alone(m: &Loaded, read: OwnRead, scattered: bool) {
     let chats = fixtures()["chats"].as_array().expect("chats").clone();
     let prompts: Vec<Vec<u32>> = chats.iter().map(|c| ids(&c["prompt_ids"])).collect();
     let golden: Vec<Vec<u32>> = chats.iter().map(|c| ids(&c["greedy_ids"])).collect();
@@ -61,12 +74,13 @@ fn packed_prefill_matches_each_sequence_alone(m: &Loaded) {
     }
     // Packed: chat 0 whole with chat 1's first half, then chat 1's rest with chat 2 whole.
     let mut pool = pool(m);
+    let filler = scattered.then(|| scatter_free_blocks(&mut pool));
     let mut seqs: Vec<PagedSeq> = (0..3).map(|_| PagedSeq::default()).collect();
     let half = prompts[1].len() / 2;
     let (s0, rest) = seqs.split_at_mut(1);
     let (s1, s2) = rest.split_at_mut(1);
     let first = {
-        let mut kv = PagedChunks::new(vec![&mut s0[0], &mut s1[0]], &mut pool);
+        let mut kv = PagedChunks::new(vec![&mut s0[0], &mut s1[0]], &mut pool).reading(read);
         let chunks = [&prompts[0][..], &prompts[1][..half]];
         rows(
             &m.model
@@ -75,7 +89,7 @@ fn packed_prefill_matches_each_sequence_alone(m: &Loaded) {
         )
     };
     let second = {
-        let mut kv = PagedChunks::new(vec![&mut s1[0], &mut s2[0]], &mut pool);
+        let mut kv = PagedChunks::new(vec![&mut s1[0], &mut s2[0]], &mut pool).reading(read);
         let chunks = [&prompts[1][half..], &prompts[2][..]];
         rows(
             &m.model
@@ -109,17 +123,31 @@ fn packed_prefill_matches_each_sequence_alone(m: &Loaded) {
     for (i, g) in got.iter().enumerate() {
         assert_eq!(g[..], golden[i][..8], "chat {i}'s first 8 tokens");
     }
+    if scattered {
+        let runs = pool.span_count(&seqs[1].table);
+        assert!(
+            runs > 2,
+            "chat 1's {} blocks are {runs} runs",
+            seqs[1].table.len()
+        );
+    }
     seqs.iter_mut().for_each(|s| s.free(&mut pool));
+    if let Some(mut f) = filler {
+        f.free(&mut pool);
+    }
 }
 
 #[test]
 fn packed_prefill_gives_each_sequence_its_logits_and_golden_tokens_on_the_cpu() {
-    packed_prefill_matches_each_sequence_alone(&load_on(&path(), DeviceChoice::Cpu).expect("load"));
+    let m = load_on(&path(), DeviceChoice::Cpu).expect("load");
+    packed_prefill_matches_each_sequence_alone(&m, OwnRead::Spans, false);
+    packed_prefill_matches_each_sequence_alone(&m, OwnRead::Cheaper, true);
 }
 
 #[test]
 fn packed_prefill_gives_each_sequence_its_logits_and_golden_tokens_in_cudas_formulation() {
     let m = load_placed(&path(), Placement::gpu_formulation_on_cpu(true)).expect("load");
     assert!(m.model.placement.pads_prefill);
-    packed_prefill_matches_each_sequence_alone(&m);
+    packed_prefill_matches_each_sequence_alone(&m, OwnRead::Spans, false);
+    packed_prefill_matches_each_sequence_alone(&m, OwnRead::Gather, true);
 }

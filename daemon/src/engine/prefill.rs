@@ -11,7 +11,7 @@ use mlx_rs::Array;
 use super::Engine;
 use super::sequence::Sequence;
 use crate::EngineError;
-use crate::paged::{PagedChunks, PagedSeq};
+use crate::paged::{OwnRead, PagedChunks, PagedSeq};
 
 impl Engine {
     /// Runs `plan` (`(sequence key, tokens)`, oldest first). A chunk the pool cannot hold now
@@ -93,7 +93,12 @@ impl Engine {
         let befores: Vec<usize> = rows.iter().map(|(s, _)| s.kv.len).collect();
         let logits = {
             let seqs: Vec<&mut PagedSeq> = rows.iter_mut().map(|(s, _)| &mut s.kv).collect();
-            let mut kv = PagedChunks::new(seqs, &mut self.pool);
+            let read = if placement.gathers_prefill_keys {
+                OwnRead::Cheaper
+            } else {
+                OwnRead::Spans
+            };
+            let mut kv = PagedChunks::new(seqs, &mut self.pool).reading(read);
             let refs: Vec<&[u32]> = pieces.iter().map(Vec::as_slice).collect();
             self.loaded.model.forward_packed(&refs, &mut kv)
         };

@@ -1,11 +1,16 @@
 //! [`ChunksKv`] over the pool: several sequences' prefill chunks in one forward pass.
+//!
+//! Each chunk's keys are read as in-place spans (one per run of consecutive blocks), or, where
+//! the pass reads them [`OwnRead::Cheaper`] and the runs are many (a pool fragmented by earlier
+//! requests), gathered into one array: a GPU's attention joins the spans into one array anyway,
+//! a copy per span per layer, and a 4k-token prompt in 16-token blocks can be 256 spans.
 
 use mlx_rs::Array;
 
-use super::{PagedSeq, append_to, reserve_in};
+use super::{OwnRead, PagedSeq, append_to, reserve_in, write_rows};
 use crate::Result;
 use crate::kv::ChunksKv;
-use crate::pool::{BlockPool, WritePlan};
+use crate::pool::{BlockPool, Gather, Order, WritePlan, spans_cheaper};
 
 /// Several sequences of the pool, each adding a chunk in one pass.
 pub struct PagedChunks<'a> {
@@ -13,13 +18,31 @@ pub struct PagedChunks<'a> {
     pool: &'a mut BlockPool,
     /// Per sequence, where this pass's new rows go, planned by the first layer.
     writes: Vec<Option<WritePlan>>,
+    /// Per sequence, how this pass reads its keys, planned by the first layer (`None` inside:
+    /// as spans).
+    reads: Vec<Option<Option<Gather>>>,
+    read: OwnRead,
 }
 
 impl<'a> PagedChunks<'a> {
-    /// A pass over `seqs` (chunk `i` is `seqs[i]`'s).
+    /// A pass over `seqs` (chunk `i` is `seqs[i]`'s), reading keys as spans.
     pub fn new(seqs: Vec<&'a mut PagedSeq>, pool: &'a mut BlockPool) -> Self {
         let writes = seqs.iter().map(|_| None).collect();
-        Self { seqs, pool, writes }
+        let reads = seqs.iter().map(|_| None).collect();
+        Self {
+            seqs,
+            pool,
+            writes,
+            reads,
+            read: OwnRead::Spans,
+        }
+    }
+
+    /// The same pass reading each chunk's keys as `read` says: a GPU's passes read
+    /// [`OwnRead::Cheaper`].
+    pub fn reading(mut self, read: OwnRead) -> Self {
+        self.read = read;
+        self
     }
 }
 
@@ -43,11 +66,31 @@ impl ChunksKv for PagedChunks<'_> {
         k: Array,
         v: Array,
     ) -> Result<Vec<(Array, Array)>> {
-        append_to(self.seqs[i], self.pool, &mut self.writes[i], layer, k, v)
+        if self.read == OwnRead::Spans {
+            return append_to(self.seqs[i], self.pool, &mut self.writes[i], layer, k, v);
+        }
+        let blocks = write_rows(self.seqs[i], self.pool, &mut self.writes[i], layer, k, v)?;
+        let table = &self.seqs[i].table[..blocks];
+        let gather = match &mut self.reads[i] {
+            Some(planned) => planned,
+            unplanned => {
+                let gathers = self.read == OwnRead::Gather || !spans_cheaper(self.pool, &[table]);
+                let plan = gathers
+                    .then(|| Gather::new(self.pool, &[table], blocks, Order::RowsFirst))
+                    .transpose()?;
+                unplanned.insert(plan)
+            }
+        };
+        match gather {
+            // `[1, kv_heads, blocks × block_tokens, head_dim]` each: one span.
+            Some(plan) => Ok(vec![self.pool.gather(layer, plan)?]),
+            None => self.pool.spans(layer, table, blocks),
+        }
     }
 
     fn commit(&mut self, i: usize, tokens: usize) {
         self.seqs[i].len += tokens;
         self.writes[i] = None;
+        self.reads[i] = None;
     }
 }
