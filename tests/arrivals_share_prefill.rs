@@ -1,7 +1,7 @@
 //! Requests that arrive while the engine is busy are prefilled together: a step computes the
 //! chunks of every sequence it prefills in one forward pass (the daemon's counts show a pass
 //! with more than one chunk), and each request still gets its golden tokens, with passes waited
-//! for one by one (the CPU's default) or queued (a GPU's, `MLXCEL_QUEUED_PREFILL=1`).
+//! for one by one (the default) or queued (`MLXCEL_QUEUED_PREFILL=1`, an experiment).
 
 use std::path::Path;
 use std::time::Duration;

@@ -2,8 +2,8 @@
 //! device, before they are read. A request whose drawn token is a stop token ends there (the
 //! step computed for it after that token sends nothing), rows sampled on the host (penalties)
 //! share the batch with drawn rows, and every request keeps its golden tokens. The same holds
-//! with prefill passes queued and first tokens drawn with them (a GPU's default, forced here on
-//! the CPU with `MLXCEL_QUEUED_PREFILL=1`).
+//! with prefill passes queued and first tokens drawn with them (`MLXCEL_QUEUED_PREFILL=1`, an
+//! experiment off by default everywhere).
 
 use std::path::Path;
 use std::time::Duration;

@@ -85,20 +85,25 @@ pub struct Placement {
     /// (the new tokens of a prompt whose prefix is cached) runs its attention at 16 query rows,
     /// not 512 (`model::fused_prefill::Pad`). On an H100 such a pass of 7 tokens over ~4.1k
     /// cached keys took 49-80 ms at 512 rows, against 7-8 ms for a one-row decode step
-    /// (`bench/results/2026-12-06-gpu-h100-prefill-budget-c725845/`). The default on CUDA;
+    /// (`bench/results/2026-12-06-gpu-h100-prefill-budget-c725845/`). With this and
+    /// [`Placement::gathers_prefill_keys`] such a prompt's first token came 41% sooner on an H100
+    /// (0.055 against 0.093 s, mean of six and four runs), the aggregates within the noise
+    /// (`bench/results/2026-12-06-gpu-h100-prefill-gather-a560cad/`). The default on CUDA;
     /// `MLXCEL_CUDA_FEW_QUERY_ROWS=0` pads such a chunk to 512 rows, to measure what it buys.
     pub few_query_rows: bool,
     /// Queue a prefill pass without waiting for it, its finished prompts' first tokens drawn on
-    /// the device (`engine::prefill`): the host encodes the step's decode while the device
-    /// still runs the pass, as a decode step is queued on the one before. The default on a GPU,
-    /// whose passes are encoded by the host and run by the device; on the CPU one pass at a time
-    /// keeps its buffers given back after it. `MLXCEL_QUEUED_PREFILL` set to `1` or `0` decides
-    /// everywhere.
+    /// the device (`engine::prefill`), so the host encodes the step's decode while the device
+    /// still runs the pass. An experiment kept with its measurement, off unless
+    /// `MLXCEL_QUEUED_PREFILL=1`: on an H100, 8B-like model, three interleaved pairs, it served
+    /// 8 clients 3% and 32 clients 9% slower (539 / 933 against 556 / 1020 tok/s mean), with no
+    /// gain in a 4k prompt's first token
+    /// (`bench/results/2026-12-06-gpu-h100-prefill-gather-a560cad/`).
     pub queues_prefill: bool,
     /// Read a prefill chunk's keys gathered into one array where that costs less than its
     /// spans (`paged::PagedChunks`): on a GPU, whose attention joins the spans with a copy per
     /// span per layer, and a prompt over blocks scattered by earlier requests can be hundreds of
-    /// spans. `MLXCEL_PREFILL_GATHER=0` keeps the spans there, to measure what it buys.
+    /// spans. Measured with [`Placement::few_query_rows`] (see there). `MLXCEL_PREFILL_GATHER=0`
+    /// keeps the spans there, to measure what it buys.
     pub gathers_prefill_keys: bool,
 }
 
@@ -125,14 +130,10 @@ fn few_query_rows() -> bool {
     std::env::var("MLXCEL_CUDA_FEW_QUERY_ROWS").as_deref() != Ok("0")
 }
 
-/// Whether prefill passes are queued (see [`Placement::queues_prefill`]): by default on a GPU;
-/// `MLXCEL_QUEUED_PREFILL` set to `1` or `0` decides everywhere.
-fn queues_prefill(gpu: bool) -> bool {
-    match std::env::var("MLXCEL_QUEUED_PREFILL").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => gpu,
-    }
+/// Whether prefill passes are queued (see [`Placement::queues_prefill`]): only with
+/// `MLXCEL_QUEUED_PREFILL=1`.
+fn queues_prefill() -> bool {
+    std::env::var("MLXCEL_QUEUED_PREFILL").as_deref() == Ok("1")
 }
 
 /// Whether to join projections: yes, unless `MLXCEL_JOIN_PROJECTIONS=0`.
@@ -165,7 +166,7 @@ impl Placement {
                 joins_projections: joins_projections(),
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: false,
-                queues_prefill: queues_prefill(false),
+                queues_prefill: queues_prefill(),
                 gathers_prefill_keys: false,
             }
         } else {
@@ -178,7 +179,7 @@ impl Placement {
                 joins_projections: joins_projections(),
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: backend == Backend::Cuda && few_query_rows(),
-                queues_prefill: queues_prefill(true),
+                queues_prefill: queues_prefill(),
                 gathers_prefill_keys: std::env::var("MLXCEL_PREFILL_GATHER").as_deref() != Ok("0"),
             }
         };

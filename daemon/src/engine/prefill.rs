@@ -1,8 +1,8 @@
 //! A step's prefill: the chunks the scheduler plans, every one that has room in one forward
 //! pass ([`crate::model::llama::Model::forward_packed`]), so arrivals share the pass's weight
-//! reads and, on a GPU, its encoding. On a GPU the pass is queued, not waited for, with the
-//! first tokens of the prompts it finishes drawn on the device: the step's decode is encoded
-//! while the device runs it.
+//! reads and, on a GPU, its encoding. With `MLXCEL_QUEUED_PREFILL=1` (an experiment, measured
+//! slower on an H100: [`crate::device::Placement::queues_prefill`]) the pass is queued, not
+//! waited for, with the first tokens of the prompts it finishes drawn on the device.
 
 use std::time::Instant;
 

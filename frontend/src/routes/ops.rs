@@ -233,7 +233,7 @@ fn write_daemon(out: &mut Exposition, health: Option<DaemonHealth>) {
         ),
         (
             "mlxcel_prefill_passes_queued_total",
-            "Prefill passes queued without waiting for them (a GPU's default).",
+            "Prefill passes queued without waiting for them (MLXCEL_QUEUED_PREFILL=1).",
             st.prefill_passes_queued,
         ),
         (
