@@ -5,6 +5,8 @@
 //!
 //! - Prefill: one chunk of each of a few prompt lengths into a fresh sequence, twice each. The
 //!   first run of a shape may pay for compiling kernels or building a library's plans for it.
+//!   Then a repeated prompt's new tokens: 7 after 4,096 stored ones whose blocks are scattered,
+//!   one pass as the engine runs it, the keys read as spans and gathered, with the host's share.
 //! - Decode: `B` sequences of `context` tokens each (distinct prompts), then batched decode
 //!   steps; ms per step (median and best) and tok/s, and again with MLX's buffer cache cleared
 //!   before each step (as the engine does after a prefill step). On a GPU, then the K/V path of those steps
@@ -23,7 +25,7 @@ use std::time::Instant;
 use mlx_rs::Array;
 use mlxcel_daemon::kv::{BatchKv, OwnKeys};
 use mlxcel_daemon::model::Model;
-use mlxcel_daemon::paged::{PagedBatch, PagedSeq};
+use mlxcel_daemon::paged::{OwnRead, PagedBatch, PagedChunks, PagedSeq};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
 
 /// The engine's default (`--block-tokens`).
@@ -81,9 +83,10 @@ fn main() {
         .iter()
         .map(|c| (1 + c.scattered as usize) * c.b * (c.hi + c.b + 2 * steps + 2))
         .max();
-    // The prefill cases need one sequence of up to ~4.1k tokens.
-    let mut pool = pool_for(m, most.unwrap_or(0).max(4608));
+    // The prefill cases need one sequence of up to ~4.1k tokens, scattered over twice that.
+    let mut pool = pool_for(m, most.unwrap_or(0).max(8704));
     prefill_shapes(m, &mut pool, &seed);
+    prefill_tail(m, &mut pool, &seed, steps);
     for case in cases {
         decode_steps(m, &mut pool, &seed, &case, steps);
     }
@@ -171,15 +174,70 @@ fn prefill_shapes(m: &Model, pool: &mut BlockPool, seed: &[u32]) {
     }
 }
 
+/// Every other block of `blocks` pairs held (as after serving many requests): the held ones,
+/// to release at the end.
+fn scatter(pool: &mut BlockPool, blocks: usize) -> Vec<u32> {
+    let all = pool.allocate(2 * blocks).expect("room to scatter");
+    let (held, free): (Vec<u32>, Vec<u32>) = all.iter().partition(|&&id| id % 2 == 0);
+    free.into_iter().for_each(|id| pool.release(id));
+    held
+}
+
+/// A repeated prompt's new tokens: a prefill pass of 7 tokens after 4,096 stored ones whose
+/// blocks are scattered, as the engine runs it (`forward_packed` over `PagedChunks`), the keys
+/// read as spans and gathered: median ms to build the graph, to encode and submit it, in all,
+/// over `steps` passes after one untimed.
+fn prefill_tail(m: &Model, pool: &mut BlockPool, seed: &[u32], steps: usize) {
+    let (prefix, tail): (usize, usize) = (4096, 7);
+    let held = scatter(pool, (prefix + tail).div_ceil(BLOCK_TOKENS));
+    let tokens = prompt(seed, 0, prefix + tail);
+    let mut seq = PagedSeq::default();
+    for chunk in tokens[..prefix].chunks(512) {
+        m.forward(chunk, &mut seq.store(pool))
+            .and_then(|l| l.eval().map_err(Into::into))
+            .expect("prefill");
+    }
+    let runs = pool.span_count(&seq.table);
+    for (name, read) in [("spans", OwnRead::Spans), ("gathered", OwnRead::Gather)] {
+        let mut pass = || -> [f64; 3] {
+            let t = Instant::now();
+            let logits = {
+                let mut kv = PagedChunks::new(vec![&mut seq], &mut *pool).reading(read);
+                m.forward_packed(&[&tokens[prefix..]], &mut kv)
+                    .expect("the tail's pass")
+            };
+            let built = t.elapsed().as_secs_f64() * 1e3;
+            mlx_rs::transforms::async_eval([&logits]).expect("submit");
+            let submitted = t.elapsed().as_secs_f64() * 1e3;
+            logits.eval().expect("the tail's pass");
+            seq.len = prefix;
+            [built, submitted - built, t.elapsed().as_secs_f64() * 1e3]
+        };
+        pass();
+        let runs_ms: Vec<[f64; 3]> = (0..steps).map(|_| pass()).collect();
+        let median = |i: usize| {
+            let mut x: Vec<f64> = runs_ms.iter().map(|r| r[i]).collect();
+            x.sort_by(f64::total_cmp);
+            x[x.len() / 2]
+        };
+        println!(
+            "prefill of {tail} tokens after {prefix} stored in {runs} runs of blocks, keys as \
+             {name}: median {:.2} ms; on the host: graph built in {:.2} ms, encoded and \
+             submitted in {:.2} ms",
+            median(2),
+            median(0),
+            median(1)
+        );
+    }
+    seq.free(pool);
+    held.into_iter().for_each(|id| pool.release(id));
+}
+
 /// `b` sequences of ~`context` tokens, then `steps` batched decode steps after one untimed.
 fn decode_steps(m: &Model, pool: &mut BlockPool, seed: &[u32], case: &Case, steps: usize) {
     let &Case { b, lo, hi, .. } = case;
     let held: Vec<u32> = if case.scattered {
-        let need = (b * (hi + b + 2 * steps + 2)).div_ceil(BLOCK_TOKENS);
-        let all = pool.allocate(2 * need).expect("room to scatter");
-        let (held, free): (Vec<u32>, Vec<u32>) = all.iter().partition(|&&id| id % 2 == 0);
-        free.into_iter().for_each(|id| pool.release(id));
-        held
+        scatter(pool, (b * (hi + b + 2 * steps + 2)).div_ceil(BLOCK_TOKENS))
     } else {
         Vec::new()
     };
