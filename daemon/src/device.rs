@@ -136,6 +136,12 @@ fn queues_prefill() -> bool {
     std::env::var("MLXCEL_QUEUED_PREFILL").as_deref() == Ok("1")
 }
 
+/// Whether a GPU's prefill gathers scattered keys (see [`Placement::gathers_prefill_keys`]):
+/// yes, unless `MLXCEL_PREFILL_GATHER=0`.
+fn gathers_prefill_keys() -> bool {
+    std::env::var("MLXCEL_PREFILL_GATHER").as_deref() != Ok("0")
+}
+
 /// Whether to join projections: yes, unless `MLXCEL_JOIN_PROJECTIONS=0`.
 fn joins_projections() -> bool {
     std::env::var("MLXCEL_JOIN_PROJECTIONS").as_deref() != Ok("0")
@@ -180,7 +186,7 @@ impl Placement {
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: backend == Backend::Cuda && few_query_rows(),
                 queues_prefill: queues_prefill(),
-                gathers_prefill_keys: std::env::var("MLXCEL_PREFILL_GATHER").as_deref() != Ok("0"),
+                gathers_prefill_keys: gathers_prefill_keys(),
             }
         };
         Device::set_default(&if placement.gpu {

@@ -7,10 +7,16 @@
 
 use mlx_rs::Array;
 
-use super::{OwnRead, PagedSeq, append_to, reserve_in, write_rows};
+use super::{OwnRead, PagedSeq, reserve_in, write_rows};
 use crate::Result;
-use crate::kv::ChunksKv;
-use crate::pool::{BlockPool, Gather, Order, WritePlan, spans_cheaper};
+use crate::kv::{ChunksKv, OwnLayout};
+use crate::pool::{BlockPool, Gather, Order, WritePlan};
+
+/// How one chunk's keys are read in a pass.
+enum KeyRead {
+    Spans,
+    Gathered(Gather),
+}
 
 /// Several sequences of the pool, each adding a chunk in one pass.
 pub struct PagedChunks<'a> {
@@ -18,9 +24,8 @@ pub struct PagedChunks<'a> {
     pool: &'a mut BlockPool,
     /// Per sequence, where this pass's new rows go, planned by the first layer.
     writes: Vec<Option<WritePlan>>,
-    /// Per sequence, how this pass reads its keys, planned by the first layer (`None` inside:
-    /// as spans).
-    reads: Vec<Option<Option<Gather>>>,
+    /// Per sequence, how this pass reads its keys, planned by the first layer.
+    reads: Vec<Option<KeyRead>>,
     read: OwnRead,
 }
 
@@ -66,25 +71,23 @@ impl ChunksKv for PagedChunks<'_> {
         k: Array,
         v: Array,
     ) -> Result<Vec<(Array, Array)>> {
-        if self.read == OwnRead::Spans {
-            return append_to(self.seqs[i], self.pool, &mut self.writes[i], layer, k, v);
-        }
         let blocks = write_rows(self.seqs[i], self.pool, &mut self.writes[i], layer, k, v)?;
         let table = &self.seqs[i].table[..blocks];
-        let gather = match &mut self.reads[i] {
+        let read = match &mut self.reads[i] {
             Some(planned) => planned,
-            unplanned => {
-                let gathers = self.read == OwnRead::Gather || !spans_cheaper(self.pool, &[table]);
-                let plan = gathers
-                    .then(|| Gather::new(self.pool, &[table], blocks, Order::RowsFirst))
-                    .transpose()?;
-                unplanned.insert(plan)
-            }
+            unplanned => unplanned.insert(
+                // The fused prefill attention takes one array, joined or gathered: either layout.
+                if self.read.spans(OwnLayout::Either, self.pool, &[table]) {
+                    KeyRead::Spans
+                } else {
+                    KeyRead::Gathered(Gather::new(self.pool, &[table], blocks, Order::RowsFirst)?)
+                },
+            ),
         };
-        match gather {
+        match read {
+            KeyRead::Spans => self.pool.spans(layer, table, blocks),
             // `[1, kv_heads, blocks × block_tokens, head_dim]` each: one span.
-            Some(plan) => Ok(vec![self.pool.gather(layer, plan)?]),
-            None => self.pool.spans(layer, table, blocks),
+            KeyRead::Gathered(plan) => Ok(vec![self.pool.gather(layer, plan)?]),
         }
     }
 
