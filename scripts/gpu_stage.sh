@@ -12,8 +12,9 @@
 #   pipelined_decode`). OUT (default build/gpu-stage, ignored by git) gets
 #   p0/, p1/, ...: carry each as one call's `carry` path. PART_BYTES (default 58000000) bounds
 #   a part: the working tree travels with it and a call takes 64 MB in all. BENCH_ONLY=1 packs
-#   the binaries alone (no test executables, no default model: benchmarks on a random-weight
-#   model need neither), 2 parts instead of 4.
+#   the binaries and the two bench executables (steps, matmul_rows) alone (no test executables,
+#   no default model: benchmarks on a random-weight model need neither), 2 parts instead of 4;
+#   EXTRA_TESTS names test executables to pack beside them.
 set -euo pipefail
 
 TREE="$(cd "$1" && pwd)"
@@ -42,7 +43,7 @@ for b in mlxcel-daemon mlxcel-frontend mlxcel-cachemgr mlxcelctl; do
   cp "$TREE/target/release/$b" "$WORK/bin/bin/"
 done
 tests="steps matmul_rows golden few_rows_cuda attention_cuda table_attention_cuda daemon_e2e pipelined_decode"
-[ "${BENCH_ONLY:-0}" = 1 ] && tests=""
+[ "${BENCH_ONLY:-0}" = 1 ] && tests="steps matmul_rows ${EXTRA_TESTS:-}"
 for t in $tests; do
   f="$(newest "$t")"
   [ -n "$f" ] || { say "no $t executable under $TREE/target/release/deps: build it first"; exit 1; }

@@ -1,15 +1,22 @@
 //! `cargo bench -p mlxcel-daemon --bench matmul_rows`: what a decode step's linear layers cost
 //! the host and the device at 1–32 rows, through the engine's `Linear` (its few-row kernel where
-//! the device has one: `skinny` on the CPU, `skinny_cuda` on CUDA with `MLXCEL_CUDA_FEW_ROWS=1`)
+//! the device has one: `skinny` on the CPU, `skinny_cuda` on CUDA unless `MLXCEL_CUDA_FEW_ROWS=0`)
 //! against MLX's plain matmul.
 //!
 //! A chain of `MLXCEL_BENCH_LAYERS` (default 224, a 32-layer step's 7 projections) `[M, D] x
 //! [D, D]` layers over 4 distinct weights (more than a GPU's L2), built and queued
 //! (`async_eval`: the host's part, "encoded"), then waited on ("all"); medians of
 //! `MLXCEL_BENCH_REPEATS` (default 20). `MLXCEL_BENCH_WIDTH` sets D (default 4096).
+//!
+//! `MLXCEL_BENCH_SHAPES=8b` runs a decode step's real projections instead: per layer the 8B-like
+//! model's joined q/k/v (4096 to 6144), o (4096 to 4096), joined gate/up (4096 to 28672) and
+//! down (14336 to 4096), 32 layers over 2 distinct sets of weights, with the weight bytes read
+//! per GB/s of "all". With `MLX_MAX_OPS_PER_BUFFER` above the chain's node count MLX submits it
+//! as one graph at the end, so "all" minus "encoded" is the device's time alone.
 
 use std::time::Instant;
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, ops, random, transforms};
 use mlxcel_daemon::device::{DeviceChoice, Placement};
 use mlxcel_daemon::model::weights::Linear;
@@ -45,6 +52,10 @@ fn main() {
             w
         })
         .collect();
+    if std::env::var("MLXCEL_BENCH_SHAPES").as_deref() == Ok("8b") {
+        layer_shapes(placement, repeats);
+        return;
+    }
     let linears: Vec<Linear> = weights
         .iter()
         .map(|w| Linear::dense(w.clone(), None, placement))
@@ -80,6 +91,87 @@ fn main() {
             // The first two runs pay for compiling kernels.
             let (encoded, all) = (median(encoded[2..].to_vec()), median(all[2..].to_vec()));
             println!("M={m:>2} {label:<13}: encoded {encoded:6.2} ms, all {all:6.2} ms");
+        }
+    }
+}
+
+/// A weight `[out, in]` of `placement`'s dtype, scaled to keep a chain's values finite.
+fn weight(placement: Placement, out: i32, inner: i32) -> Array {
+    let scale = Array::from_f32(1.0 / (inner as f32).sqrt());
+    let w = random::normal::<f32>(&[out, inner], None, None, None).expect("weights");
+    let w = ops::multiply(&w, &scale)
+        .expect("scale")
+        .as_dtype(placement.dtype)
+        .expect("cast");
+    w.eval().expect("eval");
+    w
+}
+
+/// The 8B-like decode step's four projections per layer, 32 layers, at 1-32 rows.
+fn layer_shapes(placement: Placement, repeats: usize) {
+    // (out, in) of q/k/v joined, o, gate/up joined, down.
+    const SHAPES: [(i32, i32); 4] = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)];
+    let sets: Vec<Vec<Linear>> = (0..2)
+        .map(|_| {
+            SHAPES
+                .iter()
+                .map(|&(o, i)| Linear::dense(weight(placement, o, i), None, placement))
+                .collect()
+        })
+        .collect();
+    let plain: Vec<Vec<Array>> = sets
+        .iter()
+        .map(|s| {
+            s.iter()
+                .filter_map(Linear::dense_weight)
+                .map(|w| w.t())
+                .collect()
+        })
+        .collect();
+    let bytes: usize = SHAPES.iter().map(|&(o, i)| (o * i) as usize).sum::<usize>()
+        * 32
+        * mlxcel_daemon::pool::dtype_bytes(placement.dtype);
+    println!(
+        "matmul_rows on {}: 32 layers of the 8B-like projections ({:.2} GB of weights per step), medians of {repeats}",
+        placement.describe(),
+        bytes as f64 / 1e9
+    );
+    for m in [1, 2, 4, 8, 16, 32] {
+        let x = random::normal::<f32>(&[m, 1, 4096], None, None, None)
+            .and_then(|x| x.as_dtype(placement.dtype))
+            .expect("input");
+        x.eval().expect("eval");
+        for (label, engine) in [("engine Linear", true), ("MLX matmul", false)] {
+            let (mut encoded, mut all) = (Vec::new(), Vec::new());
+            for _ in 0..repeats + 2 {
+                let t = Instant::now();
+                let mut h = x.clone();
+                for l in 0..32 {
+                    let (lin, w) = (&sets[l % 2], &plain[l % 2]);
+                    let mm = |i: usize, a: &Array| -> Array {
+                        if engine {
+                            lin[i].forward(a).expect("forward")
+                        } else {
+                            ops::matmul(a, &w[i]).expect("matmul")
+                        }
+                    };
+                    let qkv = mm(0, &h);
+                    let o = mm(1, &qkv.index((.., .., ..4096)));
+                    let gu = mm(2, &o);
+                    h = mm(3, &gu.index((.., .., ..14336)));
+                }
+                transforms::async_eval([&h]).expect("async_eval");
+                let queued = t.elapsed().as_secs_f64() * 1e3;
+                h.eval().expect("eval");
+                encoded.push(queued);
+                all.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let (encoded, all) = (median(encoded[2..].to_vec()), median(all[2..].to_vec()));
+            println!(
+                "M={m:>2} {label:<13}: encoded {encoded:6.2} ms, all {all:6.2} ms, {:5.0} GB/s over all, device alone (all - encoded) {:6.2} ms",
+                bytes as f64 / all / 1e6,
+                all - encoded
+            );
         }
     }
 }
