@@ -1,13 +1,14 @@
 //! The few-row CUDA matmul (`model::skinny_cuda`) gives what f32 products summed in f32 give, for
 //! both dtypes it takes, row counts across its tiles, weights whose rows are not a multiple of a
-//! tile's and whose width is not a multiple of a block's pass, and inputs not 16-byte aligned.
+//! tile's and whose width is not a multiple of a block's pass, and inputs not 16-byte aligned;
+//! with its epilogues, what adding the residual or SwiGLU after that product give.
 //! Needs a CUDA GPU: without one each test says it was skipped (CI has none;
 //! `scripts/gpu_check.sh` runs them on one).
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype, ops, random};
 use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
-use mlxcel_daemon::model::skinny_cuda::{CudaSkinny, MAX_ROWS};
+use mlxcel_daemon::model::skinny_cuda::{CudaSkinny, Epilogue, MAX_ROWS};
 
 fn on_cuda() -> Option<Placement> {
     let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
@@ -127,4 +128,73 @@ fn one_row_too_many_rows_or_another_dtype_stay_with_mlx() {
     assert!(CudaSkinny::new(&wt.t()).is_none());
     assert!(CudaSkinny::new(&w32).is_none());
     assert!(CudaSkinny::new(&odd).is_none());
+}
+
+/// `silu(gate) * up` of `y` = `[..., 2n]` (gate first), in f32.
+fn swiglu(y: &Array) -> Array {
+    let n = y.shape()[y.ndim() - 1] / 2;
+    let (g, u) = (y.index((.., .., ..n)), y.index((.., .., n..)));
+    let silu = ops::multiply(&g, ops::sigmoid(&g).unwrap()).unwrap();
+    ops::multiply(&silu, &u).unwrap()
+}
+
+#[test]
+fn the_epilogues_add_the_residual_and_apply_swiglu() {
+    let Some(_) = on_cuda() else { return };
+    // (out, in): a down projection's and a joined gate/up's shapes, then outputs that are not a
+    // multiple of a tile (1000 pairs: not a multiple of 8 either).
+    let shapes = [(1024, 4096), (2048, 520), (2000, 104)];
+    for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+        let tolerance = if dtype == Dtype::Float16 { 5e-3 } else { 2e-2 };
+        for (out, inner) in shapes {
+            let w = normal(&[out, inner], dtype, 1.0 / (inner as f32).sqrt());
+            w.eval().unwrap();
+            let kernel = CudaSkinny::new(&w).expect("taken");
+            for rows in [2, 5, 8, 9, 16] {
+                let x = normal(&[rows, 1, inner], dtype, 1.0);
+                let r = normal(&[rows, 1, out], dtype, 1.0);
+                let product = reference(&x, &w);
+                let added = kernel
+                    .forward_with(&x, Epilogue::Add(&r))
+                    .unwrap()
+                    .expect("a residual of the output's shape is taken");
+                let want = ops::add(&product, r.as_dtype(Dtype::Float32).unwrap()).unwrap();
+                assert_eq!(added.shape(), &[rows, 1, out]);
+                let err = relative_error(&added, &want);
+                assert!(
+                    err < tolerance,
+                    "{dtype:?} add, {rows} rows, {out}x{inner}: {err}"
+                );
+                let glu = kernel
+                    .forward_with(&x, Epilogue::SwiGlu)
+                    .unwrap()
+                    .expect("an even weight row count is taken");
+                assert_eq!(glu.shape(), &[rows, 1, out / 2]);
+                assert_eq!(glu.dtype(), dtype);
+                let err = relative_error(&glu, &swiglu(&product));
+                eprintln!("{dtype:?} {rows} rows, {out}x{inner}: swiglu relative error {err}");
+                assert!(
+                    err < tolerance,
+                    "{dtype:?} swiglu, {rows} rows, {out}x{inner}: {err}"
+                );
+            }
+        }
+    }
+    // Not taken: a residual of another shape or dtype, an odd weight row count for SwiGLU.
+    let w = normal(&[63, 64], Dtype::Float16, 0.1);
+    w.eval().unwrap();
+    let kernel = CudaSkinny::new(&w).expect("taken");
+    let x = normal(&[4, 64], Dtype::Float16, 1.0);
+    for r in [
+        normal(&[4, 62], Dtype::Float16, 1.0),
+        normal(&[4, 63], Dtype::Float32, 1.0),
+    ] {
+        assert!(
+            kernel
+                .forward_with(&x, Epilogue::Add(&r))
+                .unwrap()
+                .is_none()
+        );
+    }
+    assert!(kernel.forward_with(&x, Epilogue::SwiGlu).unwrap().is_none());
 }

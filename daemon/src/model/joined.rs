@@ -50,6 +50,19 @@ impl Joined {
     }
 
     /// Bytes of parameters a forward pass reads.
+    /// `silu(gate) * up` of a joined gate/up pair in one kernel, where the device's few-row
+    /// kernel takes it ([`Linear::forward_swiglu`]); `None` otherwise (split and multiply).
+    pub(super) fn swiglu(&self, x: &Array) -> Result<Option<Array>> {
+        match self {
+            Joined::One { linear, cuts }
+                if cuts.len() == 1 && 2 * cuts[0] == linear.out_features() =>
+            {
+                linear.forward_swiglu(x)
+            }
+            _ => Ok(None),
+        }
+    }
+
     pub(super) fn nbytes(&self) -> usize {
         match self {
             Joined::Apart(parts) => parts.iter().map(Linear::nbytes).sum(),

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use mlx_rs::{Array, Dtype, ops};
 
 use super::skinny::Skinny;
-use super::skinny_cuda::{self, CudaSkinny};
+use super::skinny_cuda::{self, CudaSkinny, Epilogue};
 use crate::device::{Backend, Placement};
 use crate::{EngineError, Result};
 
@@ -144,11 +144,40 @@ impl Linear {
             None => y,
         })
     }
+
+    /// `residual + x · Wᵀ (+ bias)`: one node where CUDA's few-row kernel takes the sum
+    /// ([`skinny_cuda::fuses`]), else the layer then an add.
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        if let Linear::Dense {
+            bias: None,
+            skinny: Some(FewRows::Cuda(k)),
+            ..
+        } = self
+            && skinny_cuda::fuses()
+            && let Some(y) = k.forward_with(x, Epilogue::Add(residual))?
+        {
+            return Ok(y);
+        }
+        Ok(ops::add(residual, &self.forward(x)?)?)
+    }
+
+    /// `silu(gate) * up` of a joined gate/up layer (gate rows first, as many as up rows), where
+    /// CUDA's few-row kernel takes it; `None` elsewhere (the caller splits and multiplies).
+    pub fn forward_swiglu(&self, x: &Array) -> Result<Option<Array>> {
+        match self {
+            Linear::Dense {
+                bias: None,
+                skinny: Some(FewRows::Cuda(k)),
+                ..
+            } if skinny_cuda::fuses() => k.forward_with(x, Epilogue::SwiGlu),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// The decode step's matmul for a few rows, where the device's own costs more per call: the
-/// CPU's `sgemm` packs the whole weight; CUDA's cuBLAS costs the host ~20 µs a call (opt-in,
-/// see `skinny_cuda`).
+/// CPU's `sgemm` packs the whole weight; CUDA's cuBLAS costs the host ~20 µs a call (see
+/// `skinny_cuda`).
 #[derive(Clone)]
 pub enum FewRows {
     Cpu(Skinny),

@@ -111,8 +111,8 @@ impl Model {
             } else {
                 ops::concatenate(&outs, 1)?
             };
-            x = ops::add(&x, &layer.o.forward(&out)?)?;
-            x = ops::add(&x, &self.mlp(layer, &x)?)?;
+            x = layer.o.forward_add(&out, &x)?;
+            x = self.mlp_add(layer, &x)?;
         }
         for (i, t) in tokens.iter().enumerate() {
             kv.commit(i, t.len());
