@@ -8,7 +8,10 @@
 //!   overtaking), and one that could never fit the whole pool is handed back to be refused.
 //! - **Prefill budget**: one step computes at most `prefill_budget` prompt tokens across all
 //!   running jobs, oldest first, so a burst of arrivals is prefilled over several steps while
-//!   the jobs already decoding keep advancing between the chunks.
+//!   the jobs already decoding keep advancing between the chunks. With `whole_chunks`, a job
+//!   whose remaining tokens do not fit what is left of the budget waits for a later step
+//!   (where it comes first) instead of adding a piece: each chunk costs its own ops in every
+//!   layer, so a burst of prompts costs one chunk each, not two for every one split.
 //! - **Preemption** takes the youngest running job (the last admitted): it goes back to the
 //!   front of the queue, keeps its output, and recomputes its K/V when it runs again.
 
@@ -35,6 +38,8 @@ pub struct Limits {
     pub block_tokens: usize,
     /// Prompt tokens computed per step, across all jobs.
     pub prefill_budget: usize,
+    /// A job is split across steps only where it comes first in its step.
+    pub whole_chunks: bool,
 }
 
 /// What one admission round did.
@@ -118,6 +123,9 @@ impl<J: Job> Scheduler<J> {
                 break;
             }
             let todo = job.tokens().saturating_sub(job.stored());
+            if todo > left && self.limits.whole_chunks && !plan.is_empty() {
+                continue;
+            }
             if todo > 0 {
                 let n = todo.min(left);
                 plan.push((i, n));

@@ -122,6 +122,7 @@ impl Engine {
                 max_running: config.max_running,
                 block_tokens: config.block_tokens,
                 prefill_budget: config.prefill_chunk,
+                whole_chunks: whole_chunks(),
             }),
             cache: CacheLink::default(),
             preemptions: 0,
@@ -146,4 +147,11 @@ impl Engine {
             },
         ))
     }
+}
+
+/// Whether a prompt that does not fit what is left of a step's prefill budget waits for the
+/// next step instead of adding a piece (`scheduler::Limits::whole_chunks`): yes, unless
+/// `MLXCEL_PREFILL_WHOLE_CHUNKS=0`.
+fn whole_chunks() -> bool {
+    std::env::var("MLXCEL_PREFILL_WHOLE_CHUNKS").as_deref() != Ok("0")
 }

@@ -48,6 +48,7 @@ fn scheduler(max_running: usize, prefill_budget: usize) -> Scheduler<Fake> {
         max_running,
         block_tokens: BT,
         prefill_budget,
+        whole_chunks: false,
     })
 }
 
@@ -133,6 +134,24 @@ fn the_prefill_budget_is_shared_oldest_first() {
 }
 
 #[test]
+fn whole_chunks_split_a_job_only_where_it_comes_first() {
+    let mut s = scheduler(8, 512);
+    s.limits.whole_chunks = true;
+    for (id, len) in [(1, 300), (2, 300), (3, 100), (4, 1200)] {
+        s.push(job(id, len));
+    }
+    s.admit(1000, 1000);
+    // Job 2 does not fit what job 1 leaves and waits; job 3 fits and fills the step.
+    assert_eq!(s.prefill_plan(), vec![(0, 300), (2, 100)]);
+    s.running_mut()[0].stored = 300;
+    s.running_mut()[2].stored = 100;
+    assert_eq!(s.prefill_plan(), vec![(1, 300)]);
+    s.running_mut()[1].stored = 300;
+    // Longer than the budget and first: split as before.
+    assert_eq!(s.prefill_plan(), vec![(3, 512)]);
+}
+
+#[test]
 fn preemption_takes_the_youngest_which_runs_again_first() {
     let mut s = scheduler(8, 64);
     for id in 1..=3 {
@@ -210,16 +229,19 @@ fn run(mut s: Scheduler<Fake>, total: u32, budget: usize) -> (Vec<u32>, usize) {
 
 #[test]
 fn a_fake_run_finishes_every_job_in_arrival_order_within_the_budget() {
-    let mut s = scheduler(3, 10);
-    for id in 1..=6 {
-        s.push(job(id, 9));
+    for whole_chunks in [false, true] {
+        let mut s = scheduler(3, 10);
+        s.limits.whole_chunks = whole_chunks;
+        for id in 1..=6 {
+            s.push(job(id, 9));
+        }
+        let (finished, _) = run(s, 40, 10);
+        assert_eq!(
+            finished,
+            vec![1, 2, 3, 4, 5, 6],
+            "equal jobs end in the order they came (whole chunks: {whole_chunks})"
+        );
     }
-    let (finished, _) = run(s, 40, 10);
-    assert_eq!(
-        finished,
-        vec![1, 2, 3, 4, 5, 6],
-        "equal jobs end in the order they came"
-    );
 }
 
 #[test]
