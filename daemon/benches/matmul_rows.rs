@@ -40,22 +40,11 @@ fn main() {
         setting("MLXCEL_BENCH_REPEATS", 20).max(1),
         setting("MLXCEL_BENCH_WIDTH", 4096) as i32,
     );
-    let scale = Array::from_f32(1.0 / (d as f32).sqrt());
-    let weights: Vec<Array> = (0..4)
-        .map(|_| {
-            let w = random::normal::<f32>(&[d, d], None, None, None).expect("weights");
-            let w = ops::multiply(&w, &scale)
-                .expect("scale")
-                .as_dtype(placement.dtype)
-                .expect("cast");
-            w.eval().expect("eval");
-            w
-        })
-        .collect();
     if std::env::var("MLXCEL_BENCH_SHAPES").as_deref() == Ok("8b") {
         layer_shapes(placement, repeats);
         return;
     }
+    let weights: Vec<Array> = (0..4).map(|_| weight(placement, d, d)).collect();
     let linears: Vec<Linear> = weights
         .iter()
         .map(|w| Linear::dense(w.clone(), None, placement))
@@ -66,14 +55,9 @@ fn main() {
         placement.describe()
     );
     for m in [1, 2, 4, 8, 16, 32] {
-        let x = random::normal::<f32>(&[m, 1, d], None, None, None)
-            .and_then(|x| x.as_dtype(placement.dtype))
-            .expect("input");
-        x.eval().expect("eval");
+        let x = input(placement, m, d);
         for (label, engine) in [("engine Linear", true), ("MLX matmul", false)] {
-            let (mut encoded, mut all) = (Vec::new(), Vec::new());
-            for _ in 0..repeats + 2 {
-                let t = Instant::now();
+            let (encoded, all) = timed(repeats, || {
                 let mut y = x.clone();
                 for i in 0..layers {
                     y = if engine {
@@ -82,14 +66,8 @@ fn main() {
                         ops::matmul(&y, &transposed[i % 4]).expect("matmul")
                     };
                 }
-                transforms::async_eval([&y]).expect("async_eval");
-                let queued = t.elapsed().as_secs_f64() * 1e3;
-                y.eval().expect("eval");
-                encoded.push(queued);
-                all.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            // The first two runs pay for compiling kernels.
-            let (encoded, all) = (median(encoded[2..].to_vec()), median(all[2..].to_vec()));
+                y
+            });
             println!("M={m:>2} {label:<13}: encoded {encoded:6.2} ms, all {all:6.2} ms");
         }
     }
@@ -137,14 +115,9 @@ fn layer_shapes(placement: Placement, repeats: usize) {
         bytes as f64 / 1e9
     );
     for m in [1, 2, 4, 8, 16, 32] {
-        let x = random::normal::<f32>(&[m, 1, 4096], None, None, None)
-            .and_then(|x| x.as_dtype(placement.dtype))
-            .expect("input");
-        x.eval().expect("eval");
+        let x = input(placement, m, 4096);
         for (label, engine) in [("engine Linear", true), ("MLX matmul", false)] {
-            let (mut encoded, mut all) = (Vec::new(), Vec::new());
-            for _ in 0..repeats + 2 {
-                let t = Instant::now();
+            let (encoded, all) = timed(repeats, || {
                 let mut h = x.clone();
                 for l in 0..32 {
                     let (lin, w) = (&sets[l % 2], &plain[l % 2]);
@@ -160,13 +133,8 @@ fn layer_shapes(placement: Placement, repeats: usize) {
                     let gu = mm(2, &o);
                     h = mm(3, &gu.index((.., .., ..14336)));
                 }
-                transforms::async_eval([&h]).expect("async_eval");
-                let queued = t.elapsed().as_secs_f64() * 1e3;
-                h.eval().expect("eval");
-                encoded.push(queued);
-                all.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            let (encoded, all) = (median(encoded[2..].to_vec()), median(all[2..].to_vec()));
+                h
+            });
             println!(
                 "M={m:>2} {label:<13}: encoded {encoded:6.2} ms, all {all:6.2} ms, {:5.0} GB/s over all, device alone (all - encoded) {:6.2} ms",
                 bytes as f64 / all / 1e6,
@@ -174,4 +142,28 @@ fn layer_shapes(placement: Placement, repeats: usize) {
             );
         }
     }
+}
+
+/// Activations `[m, 1, d]` of `placement`'s dtype, evaluated.
+fn input(placement: Placement, m: i32, d: i32) -> Array {
+    let x = random::normal::<f32>(&[m, 1, d], None, None, None)
+        .and_then(|x| x.as_dtype(placement.dtype))
+        .expect("input");
+    x.eval().expect("eval");
+    x
+}
+
+/// Medians (ms) of building and queuing `chain`'s graph ("encoded") and of that plus waiting
+/// for it ("all"), over `repeats` runs after two that pay for compiling kernels.
+fn timed(repeats: usize, chain: impl Fn() -> Array) -> (f64, f64) {
+    let (mut encoded, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..repeats + 2 {
+        let t = Instant::now();
+        let y = chain();
+        transforms::async_eval([&y]).expect("async_eval");
+        encoded.push(t.elapsed().as_secs_f64() * 1e3);
+        y.eval().expect("eval");
+        all.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    (median(encoded[2..].to_vec()), median(all[2..].to_vec()))
 }

@@ -132,23 +132,9 @@ const BODY: &str = r#"
   __syncthreads();
 "#;
 
-/// The plain epilogue: each output, the warps' partial sums added.
-const PLAIN: &str = r#"
-  for (int e = threadIdx.x; e < NB * 128; e += WARPS * 32) {
-    float sum = 0.f;
-#pragma unroll
-    for (int v = 0; v < WARPS; ++v) sum += part[v * NB * 128 + e];
-    const int b = e / 128;
-    const int l = (e / 4) % 32;
-    const int i = e % 4;
-    const int n = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
-    const int m = b * 8 + (l & 3) * 2 + (i & 1);
-    if (n < N && m < rows) y[(size_t)m * N + n] = static_cast<T>(sum);
-  }
-"#;
-
-/// [`Epilogue::Add`]: each output plus the residual `r` (`[rows, N]`), added in f32.
-const ADD: &str = r#"
+/// The plain and [`Epilogue::Add`] epilogues: each output, the warps' partial sums added, stored
+/// as `STORE` says (the sum alone, or plus the residual `r`, `[rows, N]`, added in f32).
+const REDUCE: &str = r#"
   for (int e = threadIdx.x; e < NB * 128; e += WARPS * 32) {
     float sum = 0.f;
 #pragma unroll
@@ -160,7 +146,7 @@ const ADD: &str = r#"
     const int m = b * 8 + (l & 3) * 2 + (i & 1);
     if (n < N && m < rows) {
       const size_t at = (size_t)m * N + n;
-      y[at] = static_cast<T>(static_cast<float>(r[at]) + sum);
+      y[at] = STORE;
     }
   }
 "#;
@@ -228,9 +214,17 @@ fn kernel(epilogue: &Epilogue) -> Option<&'static CudaKernel> {
     let i = epilogue.index();
     let make = || {
         let (name, inputs, end): (_, &[&str], _) = match i {
-            0 => ("mlxcel_few_rows", &["x", "w"], PLAIN),
-            1 => ("mlxcel_few_rows_add", &["x", "w", "r"], ADD),
-            _ => ("mlxcel_few_rows_swiglu", &["x", "w"], SWIGLU),
+            0 => (
+                "mlxcel_few_rows",
+                &["x", "w"],
+                REDUCE.replace("STORE", "static_cast<T>(sum)"),
+            ),
+            1 => (
+                "mlxcel_few_rows_add",
+                &["x", "w", "r"],
+                REDUCE.replace("STORE", "static_cast<T>(static_cast<float>(r[at]) + sum)"),
+            ),
+            _ => ("mlxcel_few_rows_swiglu", &["x", "w"], SWIGLU.to_string()),
         };
         let source = format!("{BODY}{end}");
         CudaKernel::new(name, inputs, &["y"], &source, HEADER, true)
