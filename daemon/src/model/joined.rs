@@ -49,7 +49,6 @@ impl Joined {
         }
     }
 
-    /// Bytes of parameters a forward pass reads.
     /// `silu(gate) * up` of a joined gate/up pair in one kernel, where the device's few-row
     /// kernel takes it ([`Linear::forward_swiglu`]); `None` otherwise (split and multiply).
     pub(super) fn swiglu(&self, x: &Array) -> Result<Option<Array>> {
@@ -63,6 +62,7 @@ impl Joined {
         }
     }
 
+    /// Bytes of parameters a forward pass reads.
     pub(super) fn nbytes(&self) -> usize {
         match self {
             Joined::Apart(parts) => parts.iter().map(Linear::nbytes).sum(),
