@@ -172,7 +172,7 @@ impl Model {
 
     /// The residual stream `x` after `layer`'s feed-forward block (RMS norm, SwiGLU, added to
     /// `x`): on CUDA at a decode step's few rows, two kernels (gate/up with the SwiGLU, down with
-    /// the add) where MLX runs five ops.
+    /// the add) where MLX runs five and a split.
     fn mlp_add(&self, layer: &Layer, x: &Array) -> Result<Array> {
         let h = fast::rms_norm(x, Some(&layer.ffn_norm), self.config.rms_eps)?;
         let act = match layer.gate_up.swiglu(&h)? {

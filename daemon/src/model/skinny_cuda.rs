@@ -16,10 +16,10 @@
 //! 8B-like step's four projections at 8 rows cost the host 2.0 ms to encode against 3.6 through
 //! cuBLAS, and the device 5.5 ms against 5.1 (its weights streamed at ~2.55 TB/s against
 //! ~2.73); since a served decode step is bound by the host, 8 clients were served 13% faster
-//! (524 and 528 against 479 and 454 tok/s, interleaved) and 32 clients 7%. With the epilogues,
-//! three ops fewer per layer, 8 clients ran 2% faster on a second H100 and 35% on a third whose
-//! host was slower (its 32-client runs rose by 37% from first to last, so they say nothing of
-//! it). At 29bb617 on an H200 it had made steps slower (B = 8: 11.9–12.7 ms with it, 10.8–11.7
+//! (524 and 528 against 479 and 454 tok/s, interleaved) and 32 clients 7%. With the epilogues
+//! (four kernels and a split fewer per layer), 8 clients ran 2% faster on a second H100 and 35%
+//! on a third whose host was slower (its 32-client runs rose by 37% from first to last, so they
+//! say nothing of it). At 29bb617 on an H200 it had made steps slower (B = 8: 11.9–12.7 ms with it, 10.8–11.7
 //! without; `bench/results/2026-12-04-gpu-h200-kernels/`), and it stayed opt-in until this.
 use std::sync::OnceLock;
 
