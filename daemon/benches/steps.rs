@@ -17,7 +17,8 @@
 //! `BxLO-HI`, contexts spread over LO..HI as a served batch's are, and an `s` after either for
 //! a pool whose blocks are scattered as after serving many requests, comma separated; default
 //! `1x200,8x200,32x200,32x200-700,1x4096,1x4096s,8x4096`), `MLXCEL_BENCH_STEPS` (default 20),
-//! `MLXCEL_BENCH_POOL_BYTES` (the pool's ceiling; default: what the cases need).
+//! `MLXCEL_BENCH_POOL_BYTES` (the pool's ceiling; default: what the cases need; on a GPU set it
+//! to the served ceiling, since a GPU pool's slab size follows the ceiling).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -125,6 +126,15 @@ fn pool_for(m: &Model, tokens: usize) -> BlockPool {
         BLOCK_TOKENS,
         (shape.num_blocks as usize * shape.block_bytes()) >> 20
     );
+    if m.placement.gpu && ceiling.is_none() {
+        // A GPU pool's slabs are 1/32 of the ceiling (at least 64 MiB): sized to the cases
+        // alone, a batch's blocks spread over more slabs than a step reads by table, and the
+        // step gathers instead of reading in place as a served one does.
+        println!(
+            "note: MLXCEL_BENCH_POOL_BYTES is unset: the slabs are smaller than a served pool's, \
+             so decode steps of several rows may gather; set it to the served ceiling"
+        );
+    }
     BlockPool::for_device(shape, m.placement.gpu).expect("pool")
 }
 
