@@ -60,7 +60,10 @@ struct Args {
     block_tokens: usize,
 
     /// Prompt tokens computed per engine step, across all requests (the prefill budget: a burst
-    /// of long prompts is prefilled over several steps while running requests keep decoding).
+    /// of long prompts is prefilled over several steps while running requests keep decoding; a
+    /// prompt that does not fit what is left of a step waits for the next one, where it comes
+    /// first, and only a prompt longer than the budget is split; MLXCEL_PREFILL_WHOLE_CHUNKS=0
+    /// splits any).
     #[arg(long, env = "MLXCEL_PREFILL_CHUNK", default_value_t = 512)]
     prefill_chunk: usize,
 
