@@ -197,39 +197,32 @@ pub enum Epilogue<'a> {
     SwiGlu,
 }
 
-impl Epilogue<'_> {
-    fn index(&self) -> usize {
-        match self {
-            Epilogue::Plain => 0,
-            Epilogue::Add(_) => 1,
-            Epilogue::SwiGlu => 2,
-        }
-    }
-}
-
 /// The kernel of each [`Epilogue`] (its own inputs, so its own source).
 fn kernel(epilogue: &Epilogue) -> Option<&'static CudaKernel> {
     static KERNELS: [OnceLock<Option<CudaKernel>>; 3] =
         [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let i = epilogue.index();
+    // Its slot, name, inputs, and how the reduction stores (None: the SwiGLU epilogue).
+    let (slot, name, inputs, store): (_, _, &[&str], _) = match epilogue {
+        Epilogue::Plain => (
+            0,
+            "mlxcel_few_rows",
+            &["x", "w"],
+            Some("static_cast<T>(sum)"),
+        ),
+        Epilogue::Add(_) => (
+            1,
+            "mlxcel_few_rows_add",
+            &["x", "w", "r"],
+            Some("static_cast<T>(static_cast<float>(r[at]) + sum)"),
+        ),
+        Epilogue::SwiGlu => (2, "mlxcel_few_rows_swiglu", &["x", "w"], None),
+    };
     let make = || {
-        let (name, inputs, end): (_, &[&str], _) = match i {
-            0 => (
-                "mlxcel_few_rows",
-                &["x", "w"],
-                REDUCE.replace("STORE", "static_cast<T>(sum)"),
-            ),
-            1 => (
-                "mlxcel_few_rows_add",
-                &["x", "w", "r"],
-                REDUCE.replace("STORE", "static_cast<T>(static_cast<float>(r[at]) + sum)"),
-            ),
-            _ => ("mlxcel_few_rows_swiglu", &["x", "w"], SWIGLU.to_string()),
-        };
+        let end = store.map_or_else(|| SWIGLU.to_string(), |s| REDUCE.replace("STORE", s));
         let source = format!("{BODY}{end}");
         CudaKernel::new(name, inputs, &["y"], &source, HEADER, true)
     };
-    KERNELS[i].get_or_init(make).as_ref()
+    KERNELS[slot].get_or_init(make).as_ref()
 }
 
 /// A dense weight `[out, in]` (row-major, evaluated, f16 or bf16, `in` a multiple of 8) kept

@@ -148,12 +148,7 @@ impl Linear {
     /// `residual + x · Wᵀ (+ bias)`: one node where CUDA's few-row kernel takes the sum
     /// ([`skinny_cuda::fuses`]), else the layer then an add.
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
-        if let Linear::Dense {
-            bias: None,
-            skinny: Some(FewRows::Cuda(k)),
-            ..
-        } = self
-            && skinny_cuda::fuses()
+        if let Some(k) = self.fusing_kernel()
             && let Some(y) = k.forward_with(x, Epilogue::Add(residual))?
         {
             return Ok(y);
@@ -164,13 +159,22 @@ impl Linear {
     /// `silu(gate) * up` of a joined gate/up layer (gate rows first, as many as up rows), where
     /// CUDA's few-row kernel takes it; `None` elsewhere (the caller splits and multiplies).
     pub fn forward_swiglu(&self, x: &Array) -> Result<Option<Array>> {
+        match self.fusing_kernel() {
+            Some(k) => k.forward_with(x, Epilogue::SwiGlu),
+            None => Ok(None),
+        }
+    }
+
+    /// CUDA's few-row kernel, where it runs this layer and takes the op after it too (no bias,
+    /// [`skinny_cuda::fuses`]).
+    fn fusing_kernel(&self) -> Option<&CudaSkinny> {
         match self {
             Linear::Dense {
                 bias: None,
                 skinny: Some(FewRows::Cuda(k)),
                 ..
-            } if skinny_cuda::fuses() => k.forward_with(x, Epilogue::SwiGlu),
-            _ => Ok(None),
+            } if skinny_cuda::fuses() => Some(k),
+            _ => None,
         }
     }
 }
