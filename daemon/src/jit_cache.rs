@@ -19,13 +19,12 @@ use std::sync::OnceLock;
 
 static INSTALLED: OnceLock<JitCache> = OnceLock::new();
 
-/// Publishes what this process compiled, when [`JitCache::install`] ran. Call only while no
-/// MLX work is in flight (a kernel being compiled is not whole yet): the engine calls it when
-/// idle and after its warm-up.
-pub fn publish() {
-    if let Some(j) = INSTALLED.get() {
-        j.publish();
-    }
+/// Publishes what this process compiled, when [`JitCache::install`] ran, and says how many
+/// kernel files (libraries, PTX) were new to the cache. Call only while no MLX work is in flight
+/// (a kernel being compiled is not whole yet): the engine calls it when idle and after each
+/// stage of its warm-up.
+pub fn publish() -> usize {
+    INSTALLED.get().map_or(0, JitCache::publish)
 }
 
 /// Publishes and removes this process's directory (at exit, after the engine stopped).
@@ -43,11 +42,12 @@ pub struct JitCache {
 }
 
 impl JitCache {
-    /// Creates this process's directory, seeded from the cache, and points `TMPDIR` at it.
+    /// Creates this process's directory, seeded from the cache, and points `TMPDIR` at it; says
+    /// how many compiled kernels the cache gave it.
     ///
     /// # Safety
     /// Sets an environment variable: call before any other thread starts.
-    pub unsafe fn install() -> std::io::Result<()> {
+    pub unsafe fn install() -> std::io::Result<usize> {
         let root = cache_root().ok_or_else(|| std::io::Error::other("no home directory"))?;
         let shared = root.join("shared");
         fs::create_dir_all(&shared)?;
@@ -55,16 +55,16 @@ impl JitCache {
         let private = root.join(format!("proc-{}", std::process::id()));
         let _ = fs::remove_dir_all(&private);
         fs::create_dir_all(&private)?;
-        copy_libraries(&shared, &private, Link::Seed);
+        let seeded = copy_libraries(&shared, &private, Link::Seed);
         // SAFETY: the caller guarantees no other thread is running.
         unsafe { std::env::set_var("TMPDIR", &private) };
         let _ = INSTALLED.set(JitCache { shared, private });
-        Ok(())
+        Ok(seeded)
     }
 
-    /// Publishes the kernels this process built into the shared cache.
-    fn publish(&self) {
-        copy_libraries(&self.private, &self.shared, Link::Publish);
+    /// Publishes the kernels this process built into the shared cache; how many were new.
+    fn publish(&self) -> usize {
+        copy_libraries(&self.private, &self.shared, Link::Publish)
     }
 
     /// Publishes, then removes this process's directory.
@@ -144,6 +144,14 @@ impl Kernels {
         }
     }
 
+    /// The pass of the kernel file itself (a library, a module's PTX).
+    fn kernel_pass(self) -> u8 {
+        match self {
+            Kernels::CpuLibraries => 0,
+            Kernels::Ptx => 1,
+        }
+    }
+
     /// Whether `name` is linked, and in which pass: a module's names (`.txt`) before its PTX,
     /// so a daemon that finds the PTX in the cache finds the names too.
     fn pass(self, name: &str) -> Option<u8> {
@@ -159,30 +167,34 @@ impl Kernels {
 }
 
 /// Hard-links every compiled kernel file ([`Kernels`]) under `from` to the same place under
-/// `to`, skipping those already there. Sources are not copied: a seeded kernel is found by
-/// name, and MLX writes a source only to build a missing one.
-fn copy_libraries(from: &Path, to: &Path, how: Link) {
+/// `to`, skipping those already there, and counts the kernels (a library, a module's PTX) it
+/// linked. Sources are not copied: a seeded kernel is found by name, and MLX writes a source
+/// only to build a missing one.
+fn copy_libraries(from: &Path, to: &Path, how: Link) -> usize {
     let Ok(versions) = fs::read_dir(from.join("mlx")) else {
-        return;
+        return 0;
     };
+    let mut linked = 0;
     for v in versions.flatten() {
         for kind in Kernels::ALL {
             let rel = Path::new("mlx").join(v.file_name()).join(kind.dir());
-            link_dir(from, to, &rel, kind, how);
+            linked += link_dir(from, to, &rel, kind, how);
         }
     }
+    linked
 }
 
 /// [`copy_libraries`] of one directory `rel` (and, for PTX, the directories below it).
-fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) {
+fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) -> usize {
     let Ok(entries) = fs::read_dir(from.join(rel)) else {
-        return;
+        return 0;
     };
+    let mut linked = 0;
     let mut files: Vec<(u8, std::ffi::OsString)> = Vec::new();
     for e in entries.flatten() {
         let name = e.file_name();
         if matches!(kind, Kernels::Ptx) && e.file_type().is_ok_and(|t| t.is_dir()) {
-            link_dir(from, to, &rel.join(&name), kind, how);
+            linked += link_dir(from, to, &rel.join(&name), kind, how);
         } else if let Some(pass) = name.to_str().and_then(|n| kind.pass(n)) {
             files.push((pass, name));
         }
@@ -190,18 +202,24 @@ fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) {
     files.sort();
     let dest = to.join(rel);
     if files.is_empty() || fs::create_dir_all(&dest).is_err() {
-        return;
+        return linked;
     }
-    for (_, name) in files {
+    for (pass, name) in files {
         if dest.join(&name).exists() {
             continue;
         }
-        if let Err(e) = fs::hard_link(from.join(rel).join(&name), dest.join(&name)) {
-            if e.kind() != std::io::ErrorKind::AlreadyExists && matches!(how, Link::Publish) {
-                tracing::debug!(error = %e, file = ?name, "cannot publish a compiled kernel");
+        match fs::hard_link(from.join(rel).join(&name), dest.join(&name)) {
+            // The kernel itself (not a module's names) counts.
+            Ok(()) => linked += usize::from(pass == kind.kernel_pass()),
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                if matches!(how, Link::Publish) {
+                    tracing::debug!(error = %e, file = ?name, "cannot publish a compiled kernel");
+                }
             }
+            Err(_) => {}
         }
     }
+    linked
 }
 
 #[cfg(test)]

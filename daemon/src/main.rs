@@ -168,8 +168,11 @@ fn main() -> ExitCode {
     // SAFETY: no other thread runs yet (the engine and the I/O runtime start in `run`).
     let jit = unsafe { mlxcel_daemon::jit_cache::JitCache::install() };
     mlxcel_config::logging::init("mlxcel-daemon", &args.log_level);
-    if let Err(e) = &jit {
-        tracing::warn!(error = %e, "no private directory for compiled CPU kernels; using TMPDIR");
+    match &jit {
+        Ok(seeded) => tracing::info!(seeded, "compiled kernels found in the cache"),
+        Err(e) => {
+            tracing::warn!(error = %e, "no private directory for compiled kernels; using TMPDIR")
+        }
     }
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");

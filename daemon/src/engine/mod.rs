@@ -157,7 +157,11 @@ pub fn spawn(
 /// MLX keeps freed buffers in its own cache until told otherwise, and glibc its free pages.
 fn give_back_freed_memory() {
     give_back_transient_memory();
-    crate::jit_cache::publish();
+    let built = crate::jit_cache::publish();
+    if built > 0 {
+        // A request met a shape the warm-up did not run, and waited on its build.
+        tracing::info!(kernels_built = built, "kernels built while serving");
+    }
 }
 
 /// What a step's work freed goes back to the system: MLX's buffer cache and glibc's free pages.

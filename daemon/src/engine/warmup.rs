@@ -37,16 +37,69 @@ pub fn run(
     let started = Instant::now();
     let bt = pool.shape().block_tokens;
     let blocks = pool.free_blocks() as usize;
-    // Ordinary token ids (not special ones), so the pass is like a real prompt's.
-    let ids = |n: usize| -> Vec<u32> { (0..n).map(|i| 1000 + (i % 4000) as u32).collect() };
     let room = blocks.saturating_sub(1) * bt;
     let chunks = model.warm_up_chunks(prefill_chunk);
+    let step_bytes = stage(&format!("{} prefill chunk sizes", chunks.len()), || {
+        warm_chunks(model, pool, &chunks, room)
+    })?;
+    let attention_shapes = stage("attention shapes", || {
+        model.warm_up_attention(prefill_chunk, room)
+    })?;
+    // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
+    let batch = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
+    if batch > 0 {
+        stage(&format!("{batch}-sequence decode steps and draws"), || {
+            warm_decode(model, pool, batch)
+        })?;
+    }
+    if let Some(long) = model.split_decode_from() {
+        stage("a decode step over split keys", || {
+            warm_split_decode(model, pool, long, prefill_chunk)
+        })?;
+    }
+    stage("giving back its buffers", || {
+        mlx_rs::memory::clear_cache()?;
+        crate::host_memory::trim_freed_memory();
+        Ok(())
+    })?;
+    Ok(Warmed {
+        took: started.elapsed(),
+        chunks: chunks.len(),
+        attention_shapes,
+        step_bytes,
+    })
+}
+
+/// Runs `work`, publishes the kernels it built (a first start on a GPU can take minutes, and one
+/// cut short, by a supervisor's timeout or Ctrl-C, leaves the next start less to build) and logs
+/// what it took: a long warm-up says where its time goes.
+fn stage<T>(what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    let started = Instant::now();
+    let out = work();
+    let kernels_built = crate::jit_cache::publish();
+    tracing::info!(
+        ms = started.elapsed().as_millis() as u64,
+        kernels_built,
+        "warm-up: {what}"
+    );
+    out
+}
+
+/// Ordinary token ids (not special ones), so a pass is like a real prompt's.
+fn ids(n: usize) -> Vec<u32> {
+    (0..n).map(|i| 1000 + (i % 4000) as u32).collect()
+}
+
+/// One prefill chunk of each of `chunks` tokens (at most `room`); the most memory one took
+/// beyond what it stored ([`Warmed::step_bytes`]).
+fn warm_chunks(model: &Model, pool: &mut BlockPool, chunks: &[usize], room: usize) -> Result<u64> {
     let mut step_bytes = 0;
-    for &tokens in &chunks {
+    for &tokens in chunks {
         let tokens = tokens.min(room);
         if tokens == 0 {
             continue;
         }
+        let started = Instant::now();
         let (active, stored) = (mlx_rs::memory::active_memory()?, pool.measured_bytes());
         mlx_rs::memory::reset_peak_memory()?;
         let mut seq = PagedSeq::default();
@@ -58,54 +111,40 @@ pub fn run(
         step_bytes = step_bytes.max(peak.saturating_sub(active as u64 + grown));
         seq.free(pool);
         out?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(tokens, ms, "warm-up: prefill chunk");
     }
-    // What each stage built is kept as it goes: a first start on a GPU can take minutes, and
-    // one cut short (a supervisor's timeout, Ctrl-C) leaves the next start less to build.
-    crate::jit_cache::publish();
-    let attention_shapes = model.warm_up_attention(prefill_chunk, room)?;
-    crate::jit_cache::publish();
-    // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
-    let batch = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
-    if batch > 0 {
-        let mut seqs: Vec<PagedSeq> = (0..batch).map(|_| PagedSeq::default()).collect();
-        let mut result = Ok(());
-        // The first row one token longer: the step over all rows is masked, the step over the
-        // rest (one length) is not; on a GPU those are different kernels.
-        for (i, s) in seqs.iter_mut().enumerate() {
-            result = model
-                .forward(&ids(1 + usize::from(i == 0)), &mut s.store(pool))
-                .and_then(|l| Ok(l.eval()?));
-            if result.is_err() {
-                break;
-            }
+    Ok(step_bytes)
+}
+
+/// A decode step of `batch` sequences and its draws, then one of all but the first: the first
+/// row is one token longer, so the step over all rows is masked and the step over the rest (one
+/// length) is not; on a GPU those are different kernels.
+fn warm_decode(model: &Model, pool: &mut BlockPool, batch: usize) -> Result<()> {
+    let mut seqs: Vec<PagedSeq> = (0..batch).map(|_| PagedSeq::default()).collect();
+    let mut result = Ok(());
+    for (i, s) in seqs.iter_mut().enumerate() {
+        result = model
+            .forward(&ids(1 + usize::from(i == 0)), &mut s.store(pool))
+            .and_then(|l| Ok(l.eval()?));
+        if result.is_err() {
+            break;
         }
-        if result.is_ok() {
-            let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
-            result = model
-                .forward_batch(&ids(batch), &mut kv)
-                .and_then(|l| warm_draws(&l, batch));
-        }
-        if result.is_ok() && batch > 1 {
-            let mut kv = PagedBatch::new(seqs.iter_mut().skip(1).collect(), pool);
-            result = model
-                .forward_batch(&ids(batch - 1), &mut kv)
-                .and_then(|l| Ok(l.eval()?));
-        }
-        seqs.iter_mut().for_each(|s| s.free(pool));
-        result?;
     }
-    if let Some(long) = model.split_decode_from() {
-        warm_split_decode(model, pool, long, prefill_chunk)?;
+    if result.is_ok() {
+        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
+        result = model
+            .forward_batch(&ids(batch), &mut kv)
+            .and_then(|l| warm_draws(&l, batch));
     }
-    mlx_rs::memory::clear_cache()?;
-    crate::host_memory::trim_freed_memory();
-    crate::jit_cache::publish();
-    Ok(Warmed {
-        took: started.elapsed(),
-        chunks: chunks.len(),
-        attention_shapes,
-        step_bytes,
-    })
+    if result.is_ok() && batch > 1 {
+        let mut kv = PagedBatch::new(seqs.iter_mut().skip(1).collect(), pool);
+        result = model
+            .forward_batch(&ids(batch - 1), &mut kv)
+            .and_then(|l| Ok(l.eval()?));
+    }
+    seqs.iter_mut().for_each(|s| s.free(pool));
+    result
 }
 
 /// A decode step of two rows, one `long` tokens (prefilled in chunks of `chunk`), one a token:
@@ -116,7 +155,6 @@ fn warm_split_decode(model: &Model, pool: &mut BlockPool, long: usize, chunk: us
     if (long + 1).div_ceil(bt) + 1 > pool.free_blocks() as usize || chunk == 0 {
         return Ok(());
     }
-    let ids = |n: usize| -> Vec<u32> { (0..n).map(|i| 1000 + (i % 4000) as u32).collect() };
     let mut seqs = [PagedSeq::default(), PagedSeq::default()];
     let mut result = Ok(());
     while result.is_ok() && seqs[0].len < long {
