@@ -91,6 +91,13 @@ pub struct Placement {
     /// (`bench/results/2026-12-06-gpu-h100-prefill-gather-a560cad/`). The default on CUDA;
     /// `MLXCEL_CUDA_FEW_QUERY_ROWS=0` pads such a chunk to 512 rows, to measure what it buys.
     pub few_query_rows: bool,
+    /// Where prefill is padded, its attention runs the fine buckets of shapes (keys to multiples
+    /// of 256 up to 1024, then two buckets a doubling; each row count its own shape over short
+    /// keys), not the coarse default (`model::fused_prefill::Pad`). Each shape is a cuDNN graph
+    /// that every daemon start builds again in its warm-up (0.05-0.7 s each), and the fine
+    /// buckets are 35 shapes for an 8K context against 8. `MLXCEL_CUDA_FINE_ATTENTION_SHAPES=1`
+    /// runs them, to measure what the coarse ones cost.
+    pub fine_attention_shapes: bool,
     /// Queue a prefill pass without waiting for it, its finished prompts' first tokens drawn on
     /// the device (`engine::prefill`), so the host encodes the step's decode while the device
     /// still runs the pass. An experiment kept with its measurement, off unless
@@ -128,6 +135,12 @@ fn keeps_step_buffers_under(setting: Option<&str>, backend: Backend) -> bool {
 /// [`Placement::few_query_rows`]): yes, unless `MLXCEL_CUDA_FEW_QUERY_ROWS=0`.
 fn few_query_rows() -> bool {
     std::env::var("MLXCEL_CUDA_FEW_QUERY_ROWS").as_deref() != Ok("0")
+}
+
+/// Whether padded prefill runs the fine attention shapes (see
+/// [`Placement::fine_attention_shapes`]): only with `MLXCEL_CUDA_FINE_ATTENTION_SHAPES=1`.
+fn fine_attention_shapes() -> bool {
+    std::env::var("MLXCEL_CUDA_FINE_ATTENTION_SHAPES").as_deref() == Ok("1")
 }
 
 /// Whether prefill passes are queued (see [`Placement::queues_prefill`]): only with
@@ -172,6 +185,7 @@ impl Placement {
                 joins_projections: joins_projections(),
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: false,
+                fine_attention_shapes: false,
                 queues_prefill: queues_prefill(),
                 gathers_prefill_keys: false,
             }
@@ -185,6 +199,7 @@ impl Placement {
                 joins_projections: joins_projections(),
                 keeps_step_buffers: keeps_step_buffers(backend),
                 few_query_rows: backend == Backend::Cuda && few_query_rows(),
+                fine_attention_shapes: fine_attention_shapes(),
                 queues_prefill: queues_prefill(),
                 gathers_prefill_keys: gathers_prefill_keys(),
             }
@@ -212,6 +227,7 @@ impl Placement {
             joins_projections: true,
             keeps_step_buffers: false,
             few_query_rows: padded && few_query_rows(),
+            fine_attention_shapes: fine_attention_shapes(),
             queues_prefill: false,
             gathers_prefill_keys: true,
         }

@@ -2,18 +2,22 @@
 //! shapes.
 //!
 //! On CUDA the fused kernel is built per shape: each new (queries, keys) pair builds a cuDNN
-//! graph (measured on an H200: 50-700 ms the first time, ~20 ms after). (Metal's kernels are
-//! specialized by alignment only, so Metal runs exact shapes: `Placement::pads_prefill`.) Every
-//! prompt length would be a new shape, and a burst of distinct prompts
-//! spent most of its prefill building them (the quantized matmuls, too, are built per row
-//! count: a CUDA warm-up of 45 distinct chunk sizes took 221 s on SmolLM2 Q4_1). So a chunk
+//! graph (measured on an H200: 50-700 ms the first time, ~20 ms after), in every process anew.
+//! (Metal's kernels are specialized by alignment only, so Metal runs exact shapes:
+//! `Placement::pads_prefill`.) Every prompt length would be a new shape, and a burst of distinct
+//! prompts spent most of its prefill building them (the quantized matmuls, too, are built per
+//! row count: a CUDA warm-up of 45 distinct chunk sizes took 221 s on SmolLM2 Q4_1). So a chunk
 //! runs a padded number of rows, a power of two ([`query_rows`], the model pads the tokens), and
-//! its attention reads keys padded with zero rows to a few buckets ([`key_rows`]: multiples of
-//! [`KEY_STEP`], then two a doubling, with the queries padded further, [`attention_rows`]); the
-//! causal mask of the padded shape hides the padding from every real query (a key past a
-//! query's position is masked, and every padded key lies past the chunk's last real position).
-//! Padded queries see at least the real keys, so no row is all masked; their outputs are
-//! dropped.
+//! its attention reads keys padded with zero rows to a few buckets ([`key_rows`]: up to
+//! [`SHORT_KEYS`] one bucket, then a power of two), its queries to [`FEW_ROWS`] or at least
+//! [`MAX_POWER_ROWS`] ([`attention_rows`]): a handful of shapes, which the warm-up builds
+//! before the daemon listens. Attention is a small part of a chunk's work (a 512-token chunk of
+//! an 8B model over 4k keys: ~34 GFLOP of attention against ~8 TFLOP of projections), so the
+//! padding costs little; [`Pad::Shapes`]`{ fine: true }` (`MLXCEL_CUDA_FINE_ATTENTION_SHAPES=1`)
+//! pads less and builds more shapes ([`KEY_STEP`] multiples, two buckets a doubling). The causal
+//! mask of the padded shape hides the padding from every real query (a key past a query's
+//! position is masked, and every padded key lies past the chunk's last real position). Padded
+//! queries see at least the real keys, so no row is all masked; their outputs are dropped.
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, fast, ops};
@@ -28,13 +32,13 @@ const MIN_QUERY_ROWS: i32 = 16;
 /// Beyond this many query rows a chunk is padded to a multiple of it, not a power of two.
 const MAX_POWER_ROWS: i32 = 512;
 
-/// Up to this many keys every padded (queries, keys) shape has its own kernel; beyond it the
-/// attention's queries are padded to at least [`MAX_POWER_ROWS`] rows (zero rows cost little
-/// there), so that long contexts add one shape per key bucket, not one per row count too.
+/// Up to this many keys are one bucket; beyond it, keys are padded to a power of two. With
+/// [`Pad::Shapes`]`{ fine: true }`, up to it every padded (queries, keys) shape has its own
+/// kernel, and beyond it the queries are padded to at least [`MAX_POWER_ROWS`] rows.
 const SHORT_KEYS: i32 = 1024;
 
-/// Up to [`SHORT_KEYS`] keys are padded to a multiple of this many rows; beyond, to two
-/// buckets per doubling (1536, 2048, 3072, 4096, 6144, ...).
+/// With [`Pad::Shapes`]`{ fine: true }`, up to [`SHORT_KEYS`] keys are padded to a multiple of
+/// this many rows; beyond, to two buckets per doubling (1536, 2048, 3072, 4096, 6144, ...).
 const KEY_STEP: i32 = 256;
 
 /// The most keys a warm-up builds shapes for; longer contexts build theirs on first use.
@@ -46,11 +50,12 @@ pub const WARM_KEYS: usize = 16384;
 pub const FEW_ROWS: i32 = 16;
 
 /// How a prefill chunk's attention is shaped: exact (Metal, the CPU), or padded to a few shapes
-/// (CUDA), optionally keeping [`FEW_ROWS`] query rows over long keys.
+/// (CUDA), optionally keeping [`FEW_ROWS`] query rows over long keys, in the fine buckets or
+/// the default coarse ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pad {
     Exact,
-    Shapes { few_rows: bool },
+    Shapes { few_rows: bool, fine: bool },
 }
 
 impl Pad {
@@ -59,14 +64,21 @@ impl Pad {
         if placement.pads_prefill {
             Pad::Shapes {
                 few_rows: placement.few_query_rows,
+                fine: placement.fine_attention_shapes,
             }
         } else {
             Pad::Exact
         }
     }
 
-    fn few_rows(self) -> bool {
-        self == Pad::Shapes { few_rows: true }
+    /// The (query rows, key rows) the attention of `t` queries over `s` keys runs.
+    pub fn shape(self, t: i32, s: i32) -> (i32, i32) {
+        match self {
+            Pad::Exact => (t, s),
+            Pad::Shapes { few_rows, fine } => {
+                (attention_rows(t, s, few_rows, fine), key_rows(t, s, fine))
+            }
+        }
     }
 }
 
@@ -82,10 +94,13 @@ pub(super) fn query_rows(t: i32) -> i32 {
     }
 }
 
-/// Key rows the attention of `t` queries over `s` keys reads (`s` itself for one query).
-pub(super) fn key_rows(t: i32, s: i32) -> i32 {
+/// Key rows the attention of `t` queries over `s` keys reads (`s` itself for one query), in the
+/// `fine` buckets or the coarse ones.
+fn key_rows(t: i32, s: i32, fine: bool) -> i32 {
     if t <= 1 {
         s
+    } else if !fine {
+        (s.max(SHORT_KEYS) as u32).next_power_of_two() as i32
     } else if s <= SHORT_KEYS {
         round_up(s, KEY_STEP)
     } else {
@@ -94,11 +109,18 @@ pub(super) fn key_rows(t: i32, s: i32) -> i32 {
     }
 }
 
-/// Query rows the attention of `t` queries over `s` keys runs; with `few_rows`, at most
-/// [`FEW_ROWS`] rows stay as they are over any keys.
-pub(super) fn attention_rows(t: i32, s: i32, few_rows: bool) -> i32 {
+/// Query rows the attention of `t` queries over `s` keys runs: [`query_rows`] padded to at
+/// least [`MAX_POWER_ROWS`], except [`FEW_ROWS`] rows over short keys and, with `few_rows`,
+/// over any keys; with `fine`, every row count stays over short keys.
+fn attention_rows(t: i32, s: i32, few_rows: bool, fine: bool) -> i32 {
     let rows = query_rows(t);
-    if rows > 1 && key_rows(t, s) > SHORT_KEYS && !(few_rows && rows <= FEW_ROWS) {
+    let few = rows <= FEW_ROWS;
+    let padded = if key_rows(t, s, fine) > SHORT_KEYS {
+        !(few_rows && few)
+    } else {
+        !fine && !few
+    };
+    if rows > 1 && padded {
         rows.max(MAX_POWER_ROWS)
     } else {
         rows
@@ -117,8 +139,8 @@ pub fn row_shapes(chunk: usize) -> Vec<usize> {
 }
 
 /// Every (attention rows, key rows) shape chunks of at most `chunk` tokens over at most
-/// `max_keys` keys run, for a warm-up to build.
-pub(super) fn attention_shapes(chunk: usize, max_keys: usize, few_rows: bool) -> Vec<(i32, i32)> {
+/// `max_keys` keys run under `pad`, for a warm-up to build.
+pub(super) fn attention_shapes(chunk: usize, max_keys: usize, pad: Pad) -> Vec<(i32, i32)> {
     let rows: std::collections::BTreeSet<i32> = row_shapes(chunk)
         .into_iter()
         .map(|t| query_rows(t as i32))
@@ -127,11 +149,11 @@ pub(super) fn attention_shapes(chunk: usize, max_keys: usize, few_rows: bool) ->
     let mut shapes = std::collections::BTreeSet::new();
     let mut s = 2;
     loop {
-        let keys = key_rows(2, s);
+        let keys = pad.shape(2, s).1;
         for &r in &rows {
             // A chunk that runs as r rows has at least fewest_tokens(r) keys.
             if fewest_tokens(r) <= keys {
-                shapes.insert((attention_rows(r, keys, few_rows), keys));
+                shapes.insert(pad.shape(r, keys));
             }
         }
         if keys >= max_keys as i32 {
@@ -168,10 +190,13 @@ pub(super) fn warm(
     pad: Pad,
 ) -> Result<()> {
     for &(rows, keys) in shapes {
+        let started = std::time::Instant::now();
         let q = ops::zeros_dtype(&[1, heads, rows, head_dim], dtype)?;
         let k = ops::zeros_dtype(&[1, kv_heads, keys, head_dim], dtype)?;
         let mask = super::attention::causal_mask(rows, (keys - rows).max(0), keys, dtype)?;
         attend(&q, &[(k.clone(), k)], 1.0, Some(&mask), pad)?.eval()?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(rows, keys, ms, "attention shape built");
     }
     Ok(())
 }
@@ -198,7 +223,7 @@ impl Model {
         let c = &self.config;
         let keys = max_keys.min(c.context_length).min(WARM_KEYS);
         let pad = Pad::of(&self.placement);
-        let shapes = attention_shapes(chunk, keys, pad.few_rows());
+        let shapes = attention_shapes(chunk, keys, pad);
         warm(
             &shapes,
             c.heads as i32,
@@ -226,10 +251,7 @@ pub(super) fn attend(
 ) -> Result<Array> {
     let t = q.shape()[2];
     let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-    let (tp, sp) = match pad {
-        Pad::Shapes { few_rows } => (attention_rows(t, s, few_rows), key_rows(t, s)),
-        Pad::Exact => (t, s),
-    };
+    let (tp, sp) = pad.shape(t, s);
     let canonical = pad != Pad::Exact;
     let q = padded(std::slice::from_ref(q), tp, canonical)?;
     let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
@@ -269,122 +291,4 @@ fn padded(parts: &[Array], rows: i32, canonical: bool) -> Result<Array> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn queries_pad_to_few_shapes() {
-        assert_eq!(query_rows(1), 1);
-        assert_eq!(query_rows(2), 16);
-        assert_eq!(query_rows(17), 32);
-        assert_eq!(query_rows(300), 512);
-        assert_eq!(query_rows(512), 512);
-        assert_eq!(query_rows(513), 1024);
-        assert_eq!(query_rows(1500), 1536);
-        let distinct: std::collections::BTreeSet<i32> = (1..=512).map(query_rows).collect();
-        assert_eq!(distinct.len(), 7, "{distinct:?}");
-    }
-
-    #[test]
-    fn keys_pad_to_steps_then_to_two_buckets_a_doubling() {
-        assert_eq!(key_rows(1, 37), 37);
-        assert_eq!(key_rows(300, 300), 512);
-        assert_eq!(key_rows(2, 1024), 1024);
-        assert_eq!(key_rows(2, 1025), 1536);
-        assert_eq!(key_rows(2, 2049), 3072);
-        assert_eq!(key_rows(64, 4096), 4096);
-        assert_eq!(key_rows(64, 4097), 6144);
-        assert_eq!(key_rows(64, 6145), 8192);
-        for few in [false, true] {
-            assert_eq!(attention_rows(16, 300, few), 16);
-            assert_eq!(attention_rows(17, 1500, few), 512);
-            assert_eq!(attention_rows(700, 3000, few), 1024);
-            assert_eq!(attention_rows(1, 3000, few), 1);
-        }
-        assert_eq!(attention_rows(16, 1500, false), 512);
-        assert_eq!(attention_rows(7, 4100, false), 512);
-        assert_eq!(attention_rows(16, 1500, true), 16);
-        assert_eq!(attention_rows(7, 4100, true), 16);
-    }
-
-    #[test]
-    fn warm_up_covers_every_shape_up_to_its_keys() {
-        assert_eq!(row_shapes(512), vec![1, 16, 32, 64, 128, 256, 512]);
-        assert_eq!(row_shapes(100), vec![1, 16, 32, 64, 100]);
-        // 23 shapes up to 1024 keys, then one per key bucket up to 16k.
-        assert_eq!(attention_shapes(512, WARM_KEYS, false).len(), 23 + 8);
-        // Keeping few rows adds one shape per key bucket past 1024 keys.
-        assert_eq!(attention_shapes(512, WARM_KEYS, true).len(), 23 + 8 + 8);
-        for few in [false, true] {
-            for chunk in [7usize, 100, 512, 700] {
-                for max_keys in [900usize, 5000] {
-                    let warmed: std::collections::BTreeSet<(i32, i32)> =
-                        attention_shapes(chunk, max_keys, few).into_iter().collect();
-                    for s in 2..=max_keys as i32 {
-                        for t in (2..=(chunk as i32).min(s)).step_by(3) {
-                            let shape = (attention_rows(t, s, few), key_rows(t, s));
-                            assert!(warmed.contains(&shape), "{chunk}/{max_keys}: {t} of {s}");
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The padded shape gives every real query the attention of the unpadded one (on any
-    /// device: the CPU runs MLX's reference of the fused kernel).
-    #[test]
-    fn padding_changes_no_real_query() {
-        use crate::model::attention::causal_mask;
-        let r = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, None).expect("r");
-        let (heads, kv_heads, hd) = (4, 2, 8);
-        let cases = [
-            (0, 5),
-            (0, 16),
-            (37, 20),
-            (250, 9),
-            (300, 300),
-            (1100, 40),
-            (1100, 7),
-        ];
-        for ((offset, t), few_rows) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
-            let s = offset + t;
-            let q = r(&[1, heads, t, hd]);
-            // Two spans, as the pool hands them out.
-            let cut = s / 3;
-            let spans = vec![
-                (r(&[1, kv_heads, cut, hd]), r(&[1, kv_heads, cut, hd])),
-                (
-                    r(&[1, kv_heads, s - cut, hd]),
-                    r(&[1, kv_heads, s - cut, hd]),
-                ),
-            ];
-            let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
-            let (k, v) = (
-                ops::concatenate(&ks, 2).expect("k"),
-                ops::concatenate(&vs, 2).expect("v"),
-            );
-            let exact = causal_mask(t, offset, s, mlx_rs::Dtype::Float32).expect("mask");
-            let want = fast::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                0.3,
-                Some(fast::ScaledDotProductAttentionMask::Array(&exact)),
-                None,
-            )
-            .expect("want");
-            let (tp, sp) = (attention_rows(t, s, few_rows), key_rows(t, s));
-            let padded_mask = causal_mask(tp, offset, sp, mlx_rs::Dtype::Float32).expect("mask");
-            let pad = Pad::Shapes { few_rows };
-            let got = attend(&q, &spans, 0.3, Some(&padded_mask), pad).expect("got");
-            assert_eq!(got.shape(), want.shape());
-            let diff = ops::abs(ops::subtract(&got, &want).expect("d"))
-                .expect("abs")
-                .max(None)
-                .expect("max")
-                .item_exact::<f32>();
-            assert!(diff < 1e-5, "{offset}+{t}: {diff}");
-        }
-    }
-}
+mod tests;

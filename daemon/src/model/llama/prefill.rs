@@ -89,10 +89,7 @@ impl Model {
                 let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
                 masks[i].keys = if self.placement.pads_prefill && t > 1 {
                     // The fused kernel runs a padded shape (see `fused_prefill`).
-                    let (tp, sp) = (
-                        fused_prefill::attention_rows(t, s, self.placement.few_query_rows),
-                        fused_prefill::key_rows(t, s),
-                    );
+                    let (tp, sp) = fused_prefill::Pad::of(&self.placement).shape(t, s);
                     Some((tp, offset, sp, self.placement.dtype))
                 } else {
                     (t > 1 || s > offset + t).then_some((t, offset, s, self.placement.dtype))
