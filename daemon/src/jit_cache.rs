@@ -122,6 +122,9 @@ enum Link {
     Publish,
 }
 
+/// The pass in which a kernel itself (a library, a module's PTX) is linked, after its names.
+const KERNEL_PASS: u8 = 1;
+
 /// What MLX keeps under `$TMPDIR/mlx/<version>/`, per backend directory.
 #[derive(Clone, Copy)]
 enum Kernels {
@@ -144,23 +147,15 @@ impl Kernels {
         }
     }
 
-    /// The pass of the kernel file itself (a library, a module's PTX).
-    fn kernel_pass(self) -> u8 {
-        match self {
-            Kernels::CpuLibraries => 0,
-            Kernels::Ptx => 1,
-        }
-    }
-
     /// Whether `name` is linked, and in which pass: a module's names (`.txt`) before its PTX,
     /// so a daemon that finds the PTX in the cache finds the names too.
     fn pass(self, name: &str) -> Option<u8> {
         match self {
             Kernels::CpuLibraries => (name.starts_with("lib")
                 && (name.ends_with(".so") || name.ends_with(".dylib")))
-            .then_some(0),
+            .then_some(KERNEL_PASS),
             Kernels::Ptx if name.ends_with(".txt") => Some(0),
-            Kernels::Ptx if name.ends_with(".ptx") => Some(1),
+            Kernels::Ptx if name.ends_with(".ptx") => Some(KERNEL_PASS),
             Kernels::Ptx => None,
         }
     }
@@ -210,7 +205,7 @@ fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) -> usi
         }
         match fs::hard_link(from.join(rel).join(&name), dest.join(&name)) {
             // The kernel itself (not a module's names) counts.
-            Ok(()) => linked += usize::from(pass == kind.kernel_pass()),
+            Ok(()) => linked += usize::from(pass == KERNEL_PASS),
             Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
                 if matches!(how, Link::Publish) {
                     tracing::debug!(error = %e, file = ?name, "cannot publish a compiled kernel");
