@@ -39,9 +39,11 @@ pub fn run(
     let blocks = pool.free_blocks() as usize;
     let room = blocks.saturating_sub(1) * bt;
     let chunks = model.warm_up_chunks(prefill_chunk);
-    let step_bytes = stage(&format!("{} prefill chunk sizes", chunks.len()), || {
-        warm_chunks(model, pool, &chunks, room)
-    })?;
+    let what = match chunks.len() {
+        1 => "a prefill chunk".to_string(),
+        n => format!("{n} prefill chunk sizes"),
+    };
+    let step_bytes = stage(&what, || warm_chunks(model, pool, &chunks, room))?;
     let attention_shapes = stage("attention shapes", || {
         model.warm_up_attention(prefill_chunk, room)
     })?;
