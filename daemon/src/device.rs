@@ -112,6 +112,11 @@ pub struct Placement {
     /// spans. Measured with [`Placement::few_query_rows`] (see there). `MLXCEL_PREFILL_GATHER=0`
     /// keeps the spans there, to measure what it buys.
     pub gathers_prefill_keys: bool,
+    /// Rotate q and k in one RoPE call over the joined projection's q|k columns (`model::llama`,
+    /// where q/k/v are joined and there are no q/k norms): one op a layer fewer in every pass
+    /// (one kernel on a GPU, ~4 graph nodes on the CPU), the same numbers. The default;
+    /// `MLXCEL_ROPE_QK_APART=1` rotates them apart, to measure what it buys.
+    pub ropes_qk_together: bool,
 }
 
 /// Whether a step's freed buffers wait in MLX's cache for the next step (see
@@ -155,6 +160,12 @@ fn gathers_prefill_keys() -> bool {
     std::env::var("MLXCEL_PREFILL_GATHER").as_deref() != Ok("0")
 }
 
+/// Whether q and k are rotated in one call (see [`Placement::ropes_qk_together`]): yes,
+/// unless `MLXCEL_ROPE_QK_APART=1`.
+fn ropes_qk_together() -> bool {
+    std::env::var("MLXCEL_ROPE_QK_APART").as_deref() != Ok("1")
+}
+
 /// Whether to join projections: yes, unless `MLXCEL_JOIN_PROJECTIONS=0`.
 fn joins_projections() -> bool {
     std::env::var("MLXCEL_JOIN_PROJECTIONS").as_deref() != Ok("0")
@@ -188,6 +199,7 @@ impl Placement {
                 fine_attention_shapes: false,
                 queues_prefill: queues_prefill(),
                 gathers_prefill_keys: false,
+                ropes_qk_together: ropes_qk_together(),
             }
         } else {
             Placement {
@@ -202,6 +214,7 @@ impl Placement {
                 fine_attention_shapes: fine_attention_shapes(),
                 queues_prefill: queues_prefill(),
                 gathers_prefill_keys: gathers_prefill_keys(),
+                ropes_qk_together: ropes_qk_together(),
             }
         };
         Device::set_default(&if placement.gpu {
@@ -230,6 +243,7 @@ impl Placement {
             fine_attention_shapes: fine_attention_shapes(),
             queues_prefill: false,
             gathers_prefill_keys: true,
+            ropes_qk_together: ropes_qk_together(),
         }
     }
 

@@ -49,6 +49,26 @@ impl Joined {
         }
     }
 
+    /// [`Joined::forward`], and where the parts are joined the first `lead` parts' outputs side
+    /// by side (one view of the joined output): q and k for one RoPE call.
+    pub(super) fn forward_leading(
+        &self,
+        x: &Array,
+        lead: usize,
+    ) -> Result<(Vec<Array>, Option<Array>)> {
+        match self {
+            Joined::One { linear, cuts } if (1..=cuts.len()).contains(&lead) => {
+                let y = linear.forward(x)?;
+                let first = y
+                    .split_at_indices(&cuts[lead - 1..lead], -1)?
+                    .into_iter()
+                    .next();
+                Ok((y.split_at_indices(cuts, -1)?, first))
+            }
+            _ => Ok((self.forward(x)?, None)),
+        }
+    }
+
     /// `silu(gate) * up` of a joined gate/up pair in one kernel, where the device's few-row
     /// kernel takes it ([`Linear::forward_swiglu`]); `None` otherwise (split and multiply).
     pub(super) fn swiglu(&self, x: &Array) -> Result<Option<Array>> {

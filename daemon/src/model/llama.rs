@@ -14,6 +14,7 @@ use super::weights::{Linear, Weights};
 use crate::Result;
 use crate::device::Placement;
 
+mod heads;
 mod prefill;
 mod step_read;
 use crate::kv::{BatchKv, OwnLayout};
@@ -161,15 +162,6 @@ impl Model {
         layers + self.norm.nbytes() + self.lm_head.nbytes()
     }
 
-    fn project(&self, layer: &Layer, h: &Array) -> Result<(Array, Array, Array)> {
-        match <[Array; 3]>::try_from(layer.qkv.forward(h)?) {
-            Ok([q, k, v]) => Ok((q, k, v)),
-            Err(_) => Err(crate::EngineError::Internal(
-                "q, k and v projections are not three".into(),
-            )),
-        }
-    }
-
     /// The residual stream `x` after `layer`'s feed-forward block (RMS norm, SwiGLU, added to
     /// `x`): on CUDA at a decode step's few rows, two kernels (gate/up with the SwiGLU, down with
     /// the add) where MLX runs five and a split.
@@ -189,44 +181,6 @@ impl Model {
             }
         };
         layer.down.forward_add(&act, x)
-    }
-
-    /// Splits projected q, k, v (`[b, t, n * head_dim]`) into heads (`[b, n, t, head_dim]`),
-    /// applies the q/k norms and RoPE.
-    fn heads(
-        &self,
-        layer: &Layer,
-        q: Array,
-        k: Array,
-        v: Array,
-        rope: &Rope,
-    ) -> Result<(Array, Array, Array)> {
-        let c = &self.config;
-        let (b, t) = (q.shape()[0], q.shape()[1]);
-        let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
-        let split = |x: Array, n: i32| -> Result<Array> {
-            Ok(x.reshape(&[b, t, n, hd])?.transpose_axes(&[0, 2, 1, 3])?)
-        };
-        let mut q = split(q, heads)?;
-        let mut k = split(k, kv_heads)?;
-        let v = split(v, kv_heads)?;
-        if let Some(w) = &layer.q_norm {
-            q = fast::rms_norm(&q, Some(w), c.rms_eps)?;
-        }
-        if let Some(w) = &layer.k_norm {
-            k = fast::rms_norm(&k, Some(w), c.rms_eps)?;
-        }
-        let (trad, theta) = (c.rope_traditional, c.rope_theta);
-        let turn = |x: &Array| -> Result<Array> {
-            Ok(match rope {
-                Rope::Fused(Offset::Fixed(o)) => fast::rope(x, hd, trad, theta, 1.0, *o, None)?,
-                Rope::Fused(Offset::PerRow(o)) => {
-                    fast::rope_dynamic(x, hd, trad, theta, 1.0, o, None)?
-                }
-                Rope::Table(angles) => self.rotary.apply(x, angles)?,
-            })
-        };
-        Ok((turn(&q)?, turn(&k)?, v))
     }
 
     /// Attention of one sequence's queries (`[1, heads, t, head_dim]`) over its keys and values
@@ -321,8 +275,7 @@ impl Model {
         let layout = self.decode_layout();
         for (i, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
-            let (q, k, v) = self.project(layer, &h)?;
-            let (q, k, v) = self.heads(layer, q, k, v, &rope)?;
+            let (q, k, v) = self.heads(layer, self.project(layer, &h)?, &rope)?;
             let keys = kv.append_all(i, k, v, layout)?;
             if let (None, Some(padded)) = (&read, keys.own.padded_len()) {
                 read = Some(StepRead::new(

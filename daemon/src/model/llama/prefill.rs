@@ -72,7 +72,7 @@ impl Model {
         let whole = tokens.len() == 1 && rows == total;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
-            let (q, k, v) = self.project(layer, &h)?;
+            let projected = self.project(layer, &h)?;
             let mut outs = Vec::with_capacity(tokens.len() + 1);
             for (i, chunk) in tokens.iter().enumerate() {
                 let (a, t, offset) = (starts[i], chunk.len() as i32, offsets[i]);
@@ -83,8 +83,7 @@ impl Model {
                         y.index((.., a..a + t))
                     }
                 };
-                let (qi, ki, vi) =
-                    self.heads(layer, rows_of(&q), rows_of(&k), rows_of(&v), &ropes[i])?;
+                let (qi, ki, vi) = self.heads(layer, projected.map(rows_of), &ropes[i])?;
                 let spans = kv.append(i, l, ki, vi)?;
                 let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
                 masks[i].keys = if self.placement.pads_prefill && t > 1 {
