@@ -43,10 +43,12 @@ pub fn run(
         1 => "a prefill chunk".to_string(),
         n => format!("{n} prefill chunk sizes"),
     };
-    let step_bytes = stage(&what, || warm_chunks(model, pool, &chunks, room))?;
+    // The attention shapes first: on CUDA the first builds cuDNN's state, which their stage's
+    // time then shows apart from the chunks'.
     let attention_shapes = stage("attention shapes", || {
         model.warm_up_attention(prefill_chunk, room)
     })?;
+    let step_bytes = stage(&what, || warm_chunks(model, pool, &chunks, room))?;
     // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
     let batch = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
     if batch > 0 {
@@ -161,23 +163,33 @@ fn warm_split_decode(model: &Model, pool: &mut BlockPool, long: usize, chunk: us
     let mut result = Ok(());
     while result.is_ok() && seqs[0].len < long {
         let n = chunk.min(long - seqs[0].len);
-        result = model
-            .forward(&ids(n), &mut seqs[0].store(pool))
-            .and_then(|l| Ok(l.eval()?));
+        let at = seqs[0].len;
+        result = timed(&format!("the long row's chunk of {n} at {at}"), || {
+            Ok(model.forward(&ids(n), &mut seqs[0].store(pool))?.eval()?)
+        });
     }
     if result.is_ok() {
-        result = model
-            .forward(&ids(1), &mut seqs[1].store(pool))
-            .and_then(|l| Ok(l.eval()?));
+        result = timed("the short row", || {
+            Ok(model.forward(&ids(1), &mut seqs[1].store(pool))?.eval()?)
+        });
     }
     if result.is_ok() {
         let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
-        result = model
-            .forward_batch(&ids(2), &mut kv)
-            .and_then(|l| Ok(l.eval()?));
+        result = timed("the step", || {
+            Ok(model.forward_batch(&ids(2), &mut kv)?.eval()?)
+        });
     }
     seqs.iter_mut().for_each(|s| s.free(pool));
     result
+}
+
+/// Runs `work` and logs what it took (debug): a stage's parts.
+fn timed(what: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
+    let started = Instant::now();
+    let out = work();
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(ms, "warm-up: split keys: {what}");
+    out
 }
 
 /// Draws a step's tokens from `logits` (`[rows, vocab]`) greedily and sampled with every filter,
