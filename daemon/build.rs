@@ -4,8 +4,19 @@
 //!   in symbol lookup.
 //! - CUDA (`MLXCEL_BACKEND=cuda`, set by `make setup`): no OpenBLAS (the GPU does the math), and
 //!   libmlx.so's CUDA libraries are left to the loader of the GPU machine, so a machine without
-//!   them can build.
+//!   them can build. The daemon defines the NVRTC calls MLX compiles its kernels with (to keep
+//!   our custom kernels' modules across starts: `src/kernel_modules.rs`), exported here.
+/// The NVRTC calls `nvrtc_tap` (in `src/main.rs`) defines.
+const TAPPED: [&str; 5] = [
+    "nvrtcCreateProgram",
+    "nvrtcGetLoweredName",
+    "nvrtcGetCUBIN",
+    "nvrtcGetPTX",
+    "nvrtcDestroyProgram",
+];
+
 fn main() {
+    println!("cargo:rustc-check-cfg=cfg(mlxcel_cuda)");
     println!("cargo:rerun-if-env-changed=DEP_MLX_LIBDIR");
     println!("cargo:rerun-if-env-changed=MLXCEL_BACKEND");
     let linux = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux");
@@ -14,6 +25,11 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
         if cuda {
             println!("cargo:rustc-link-arg=-Wl,--allow-shlib-undefined");
+            // main's `nvrtc_tap`: the daemon's NVRTC calls, exported so libmlx binds to them.
+            println!("cargo:rustc-cfg=mlxcel_cuda");
+            for f in TAPPED {
+                println!("cargo:rustc-link-arg-bins=-Wl,--export-dynamic-symbol={f}");
+            }
         } else {
             println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
             println!("cargo:rustc-link-arg=-lopenblas");

@@ -31,6 +31,7 @@ pub mod export;
 pub mod generate;
 pub mod host_memory;
 pub mod jit_cache;
+pub mod kernel_modules;
 pub mod kv;
 pub mod model;
 pub mod paged;

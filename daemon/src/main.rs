@@ -1,5 +1,8 @@
 //! `mlxcel-daemon`: the inference worker. See `--help`.
 
+#[cfg(mlxcel_cuda)]
+mod nvrtc_tap;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
