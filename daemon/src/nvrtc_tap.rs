@@ -132,57 +132,56 @@ pub unsafe extern "C" fn nvrtcGetLoweredName(
     r
 }
 
-/// Notes the code NVRTC wrote to `out` (`size` bytes by `size_fn`).
-fn note_code(
+type CodeFn = unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult;
+type SizeFn = unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult;
+
+/// A program's compiled code (PTX or cubin) into `out` by NVRTC's `get`, noted (`size` bytes by
+/// NVRTC's `size`) for a custom kernel's module.
+fn code_into(
     prog: Program,
-    out: *const c_char,
-    size: Option<unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult>,
-) {
-    let Some(size_fn) = size else { return };
+    out: *mut c_char,
+    get: Option<CodeFn>,
+    size: Option<SizeFn>,
+) -> NvrtcResult {
+    let Some(get) = get else {
+        return MISSING;
+    };
+    // SAFETY: forwarded as given.
+    let r = unsafe { get(prog, out) };
     let mut n = 0usize;
-    // SAFETY: NVRTC's size call on the caller's program; `out` holds `n` bytes NVRTC wrote.
-    if unsafe { size_fn(prog, &mut n) } == SUCCESS && !out.is_null() {
+    // SAFETY: NVRTC's size call on the caller's program; `out` holds the `n` bytes NVRTC wrote.
+    if r == SUCCESS && !out.is_null() && size.is_some_and(|f| unsafe { f(prog, &mut n) } == SUCCESS)
+    {
         let code = unsafe { std::slice::from_raw_parts(out.cast::<u8>(), n) }.to_vec();
         with_compile(prog, |c| c.code = code);
     }
+    r
 }
 
 /// # Safety
 /// NVRTC's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetCUBIN(prog: Program, cubin: *mut c_char) -> NvrtcResult {
-    let Some(f) = nvrtc!(c"nvrtcGetCUBIN", fn(Program, *mut c_char)) else {
-        return MISSING;
-    };
-    // SAFETY: forwarded as given.
-    let r = unsafe { f(prog, cubin) };
-    if r == SUCCESS {
-        note_code(
-            prog,
-            cubin,
-            nvrtc!(c"nvrtcGetCUBINSize", fn(Program, *mut usize)),
-        );
-    }
-    r
+    let get = nvrtc!(c"nvrtcGetCUBIN", fn(Program, *mut c_char));
+    code_into(
+        prog,
+        cubin,
+        get,
+        nvrtc!(c"nvrtcGetCUBINSize", fn(Program, *mut usize)),
+    )
 }
 
 /// # Safety
 /// NVRTC's contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvrtcGetPTX(prog: Program, ptx: *mut c_char) -> NvrtcResult {
-    let Some(f) = nvrtc!(c"nvrtcGetPTX", fn(Program, *mut c_char)) else {
-        return MISSING;
-    };
-    // SAFETY: forwarded as given.
-    let r = unsafe { f(prog, ptx) };
-    if r == SUCCESS {
-        note_code(
-            prog,
-            ptx,
-            nvrtc!(c"nvrtcGetPTXSize", fn(Program, *mut usize)),
-        );
-    }
-    r
+    let get = nvrtc!(c"nvrtcGetPTX", fn(Program, *mut c_char));
+    code_into(
+        prog,
+        ptx,
+        get,
+        nvrtc!(c"nvrtcGetPTXSize", fn(Program, *mut usize)),
+    )
 }
 
 /// # Safety
