@@ -7,6 +7,7 @@
 
 use mlx_rs::{Array, ops};
 
+use super::skinny_cuda::{Epilogue, RmsNorm};
 use super::weights::Linear;
 use crate::Result;
 use crate::device::Placement;
@@ -58,14 +59,41 @@ impl Joined {
     ) -> Result<(Vec<Array>, Option<Array>)> {
         match self {
             Joined::One { linear, cuts } if (1..=cuts.len()).contains(&lead) => {
-                let y = linear.forward(x)?;
-                let first = y
-                    .split_at_indices(&cuts[lead - 1..lead], -1)?
-                    .into_iter()
-                    .next();
-                Ok((y.split_at_indices(cuts, -1)?, first))
+                cut_leading(linear.forward(x)?, cuts, lead)
             }
             _ => Ok((self.forward(x)?, None)),
+        }
+    }
+
+    /// [`Joined::forward_leading`] of `norm` applied to `x`: one kernel for the norm and the
+    /// joined projection where the device's few-row kernel takes both
+    /// ([`Linear::forward_normed`]), else the norm then the projection.
+    pub(super) fn forward_leading_normed(
+        &self,
+        x: &Array,
+        norm: RmsNorm,
+        lead: usize,
+    ) -> Result<(Vec<Array>, Option<Array>)> {
+        if let Joined::One { linear, cuts } = self
+            && (1..=cuts.len()).contains(&lead)
+            && let Some(y) = linear.forward_normed(x, norm, Epilogue::Plain)?
+        {
+            return cut_leading(y, cuts, lead);
+        }
+        let h = mlx_rs::fast::rms_norm(x, Some(norm.weight), norm.eps)?;
+        self.forward_leading(&h, lead)
+    }
+
+    /// `silu(gate) * up` of `norm` applied to `x`, in one kernel where the device's few-row
+    /// kernel takes the norm, the joined gate/up and the SwiGLU; `None` otherwise.
+    pub(super) fn swiglu_normed(&self, x: &Array, norm: RmsNorm) -> Result<Option<Array>> {
+        match self {
+            Joined::One { linear, cuts }
+                if cuts.len() == 1 && 2 * cuts[0] == linear.out_features() =>
+            {
+                linear.forward_normed(x, norm, Epilogue::SwiGlu)
+            }
+            _ => Ok(None),
         }
     }
 
@@ -89,6 +117,15 @@ impl Joined {
             Joined::One { linear, .. } => linear.nbytes(),
         }
     }
+}
+
+/// A joined output `y` cut into its parts at `cuts`, and its first `lead` parts as one view.
+fn cut_leading(y: Array, cuts: &[i32], lead: usize) -> Result<(Vec<Array>, Option<Array>)> {
+    let first = y
+        .split_at_indices(&cuts[lead - 1..lead], -1)?
+        .into_iter()
+        .next();
+    Ok((y.split_at_indices(cuts, -1)?, first))
 }
 
 /// One layer whose output rows are those of `parts` in order, or None if they differ in kind.

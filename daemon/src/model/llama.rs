@@ -9,6 +9,7 @@ use super::fast_exp;
 use super::fused_prefill;
 use super::joined::Joined;
 use super::rotary::{Angles, Rotary};
+use super::skinny_cuda::{Epilogue, RmsNorm};
 use super::span_attention;
 use super::weights::{Linear, Weights};
 use crate::Result;
@@ -166,6 +167,13 @@ impl Model {
     /// `x`): on CUDA at a decode step's few rows, two kernels (gate/up with the SwiGLU, down with
     /// the add) where MLX runs five and a split.
     fn mlp_add(&self, layer: &Layer, x: &Array) -> Result<Array> {
+        let norm = RmsNorm {
+            weight: &layer.ffn_norm,
+            eps: self.config.rms_eps,
+        };
+        if let Some(act) = layer.gate_up.swiglu_normed(x, norm)? {
+            return layer.down.forward_add(&act, x);
+        }
         let h = fast::rms_norm(x, Some(&layer.ffn_norm), self.config.rms_eps)?;
         let act = match layer.gate_up.swiglu(&h)? {
             Some(act) => act,
@@ -274,8 +282,7 @@ impl Model {
         let mut read: Option<StepRead> = None;
         let layout = self.decode_layout();
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
-            let (q, k, v) = self.heads(layer, self.project(layer, &h)?, &rope)?;
+            let (q, k, v) = self.heads(layer, self.project_normed(layer, &x)?, &rope)?;
             let keys = kv.append_all(i, k, v, layout)?;
             if let (None, Some(padded)) = (&read, keys.own.padded_len()) {
                 read = Some(StepRead::new(
@@ -290,8 +297,17 @@ impl Model {
             x = self.mlp_add(layer, &x)?;
         }
         kv.commit();
-        let x = fast::rms_norm(&x, Some(&self.norm), c.rms_eps)?;
-        let logits = self.lm_head.forward(&x)?.reshape(&[b, c.vocab as i32])?;
+        let norm = RmsNorm {
+            weight: &self.norm,
+            eps: c.rms_eps,
+        };
+        let logits = match self.lm_head.forward_normed(&x, norm, Epilogue::Plain)? {
+            Some(logits) => logits,
+            None => self
+                .lm_head
+                .forward(&fast::rms_norm(&x, Some(&self.norm), c.rms_eps)?)?,
+        };
+        let logits = logits.reshape(&[b, c.vocab as i32])?;
         Ok(logits.as_dtype(Dtype::Float32)?)
     }
 }

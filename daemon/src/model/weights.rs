@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use mlx_rs::{Array, Dtype, ops};
 
 use super::skinny::Skinny;
-use super::skinny_cuda::{self, CudaSkinny, Epilogue};
+use super::skinny_cuda::{self, CudaSkinny, Epilogue, RmsNorm};
 use crate::device::{Backend, Placement};
 use crate::{EngineError, Result};
 
@@ -162,6 +162,20 @@ impl Linear {
         match self.fusing_kernel() {
             Some(k) => k.forward_with(x, Epilogue::SwiGlu),
             None => Ok(None),
+        }
+    }
+
+    /// `rms_norm(x) · Wᵀ`, then `epilogue`, as one kernel where CUDA's few-row kernel takes it
+    /// ([`skinny_cuda::fuses_norms`]); `None` elsewhere (the caller norms, then runs the layer).
+    pub fn forward_normed(
+        &self,
+        x: &Array,
+        norm: RmsNorm,
+        epilogue: Epilogue,
+    ) -> Result<Option<Array>> {
+        match self.fusing_kernel() {
+            Some(k) if skinny_cuda::fuses_norms() => k.forward_normed(x, norm, epilogue),
+            _ => Ok(None),
         }
     }
 

@@ -5,6 +5,7 @@ use mlx_rs::{Array, fast};
 
 use super::{Layer, Model, Offset, Rope};
 use crate::Result;
+use crate::model::skinny_cuda::RmsNorm;
 
 /// q, k and v of a pass's rows, `[b, t, n * head_dim]` each; `qk`, where the projections are
 /// joined, is q and k side by side (`[b, t, (heads + kv_heads) * head_dim]`, a view).
@@ -29,7 +30,20 @@ impl Projected {
 
 impl Model {
     pub(super) fn project(&self, layer: &Layer, h: &Array) -> Result<Projected> {
-        let (parts, qk) = layer.qkv.forward_leading(h, 2)?;
+        Self::projected(layer.qkv.forward_leading(h, 2)?)
+    }
+
+    /// [`Model::project`] of the residual stream `x`, the layer's attention norm applied first
+    /// (in the projection's own kernel where the device's few-row kernel takes it).
+    pub(super) fn project_normed(&self, layer: &Layer, x: &Array) -> Result<Projected> {
+        let norm = RmsNorm {
+            weight: &layer.attn_norm,
+            eps: self.config.rms_eps,
+        };
+        Self::projected(layer.qkv.forward_leading_normed(x, norm, 2)?)
+    }
+
+    fn projected((parts, qk): (Vec<Array>, Option<Array>)) -> Result<Projected> {
         match <[Array; 3]>::try_from(parts) {
             Ok([q, k, v]) => Ok(Projected { q, k, v, qk }),
             Err(_) => Err(crate::EngineError::Internal(
