@@ -55,7 +55,7 @@ pub fn fuses() -> bool {
 }
 
 /// Whether a decode step's RMS norms run inside the projection after them (on by default;
-/// `MLXCEL_CUDA_FUSED_NORMS=0` runs them as MLX's kernel).
+/// `MLXCEL_CUDA_FUSED_NORMS=0`, or `MLXCEL_CUDA_FUSED_EPILOGUES=0`, runs them as MLX's kernel).
 pub fn fuses_norms() -> bool {
     static FUSES: OnceLock<bool> = OnceLock::new();
     switch(&FUSES, "MLXCEL_CUDA_FUSED_NORMS", true)

@@ -240,3 +240,26 @@ pub(super) fn placeholders(source: &str, normed: bool) -> String {
         .iter()
         .fold(source.to_string(), |s, (from, to)| s.replace(from, to))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_filled_and_only_a_normed_kernel_reads_the_norm() {
+        for body in [
+            REDUCE.replace("STORE", "static_cast<T>(sum)"),
+            SWIGLU.to_string(),
+        ] {
+            for normed in [false, true] {
+                let source = placeholders(&format!("{BODY}{body}"), normed);
+                assert!(!source.contains("NORM_") && !source.contains("ROW_SCALE"));
+                assert_eq!(source.contains("nw"), normed);
+                assert_eq!(source.contains("EPS"), normed);
+                if normed && std::env::var_os("MLXCEL_PRINT_KERNEL").is_some() {
+                    println!("{source}");
+                }
+            }
+        }
+    }
+}
