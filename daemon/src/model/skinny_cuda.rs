@@ -54,11 +54,12 @@ pub fn fuses() -> bool {
     switch(&FUSES, "MLXCEL_CUDA_FUSED_EPILOGUES", true)
 }
 
-/// Whether a decode step's RMS norms run inside the projection after them (on by default;
-/// `MLXCEL_CUDA_FUSED_NORMS=0`, or `MLXCEL_CUDA_FUSED_EPILOGUES=0`, runs them as MLX's kernel).
+/// Whether a decode step's RMS norms run inside the projection after them:
+/// `MLXCEL_CUDA_FUSED_NORMS=1` (and the fused epilogues on). Off by default until its kernels
+/// have run on a GPU (`tests/few_rows_cuda.rs` checks them there); off, MLX's kernel norms.
 pub fn fuses_norms() -> bool {
     static FUSES: OnceLock<bool> = OnceLock::new();
-    switch(&FUSES, "MLXCEL_CUDA_FUSED_NORMS", true)
+    switch(&FUSES, "MLXCEL_CUDA_FUSED_NORMS", false)
 }
 
 /// RMS norm over `x`'s last axis, as the kernel applies it before the product:
