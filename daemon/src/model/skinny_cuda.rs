@@ -2,7 +2,8 @@
 //! projections, with what follows them where that is one more op ([`Epilogue`]: the residual
 //! add after o and down, SwiGLU after the joined gate/up). On by default on CUDA;
 //! `MLXCEL_CUDA_FEW_ROWS=0` leaves every matmul to MLX, `MLXCEL_CUDA_FUSED_EPILOGUES=0` keeps the
-//! kernel but runs the epilogues as MLX ops.
+//! kernel but runs the epilogues as MLX ops. It can also take the RMS norm before a projection
+//! ([`RmsNorm`], [`CudaSkinny::forward_normed`]; opt-in, [`fuses_norms`]).
 //!
 //! MLX's CUDA backend runs a one-row matmul through its own gemv kernel (~5 µs of host time per
 //! call) but sends every matmul of 2 rows or more to cuBLAS, ~20 µs of host time per call
