@@ -80,33 +80,36 @@ impl Joined {
         {
             return cut_leading(y, cuts, lead);
         }
-        let h = mlx_rs::fast::rms_norm(x, Some(norm.weight), norm.eps)?;
-        self.forward_leading(&h, lead)
+        self.forward_leading(&norm.apply(x)?, lead)
     }
 
     /// `silu(gate) * up` of `norm` applied to `x`, in one kernel where the device's few-row
     /// kernel takes the norm, the joined gate/up and the SwiGLU; `None` otherwise.
     pub(super) fn swiglu_normed(&self, x: &Array, norm: RmsNorm) -> Result<Option<Array>> {
-        match self {
-            Joined::One { linear, cuts }
-                if cuts.len() == 1 && 2 * cuts[0] == linear.out_features() =>
-            {
-                linear.forward_normed(x, norm, Epilogue::SwiGlu)
-            }
-            _ => Ok(None),
+        match self.gate_up_pair() {
+            Some(linear) => linear.forward_normed(x, norm, Epilogue::SwiGlu),
+            None => Ok(None),
         }
     }
 
     /// `silu(gate) * up` of a joined gate/up pair in one kernel, where the device's few-row
     /// kernel takes it ([`Linear::forward_swiglu`]); `None` otherwise (split and multiply).
     pub(super) fn swiglu(&self, x: &Array) -> Result<Option<Array>> {
+        match self.gate_up_pair() {
+            Some(linear) => linear.forward_swiglu(x),
+            None => Ok(None),
+        }
+    }
+
+    /// The joined layer, where it is two parts of equal width (gate rows, then up rows).
+    fn gate_up_pair(&self) -> Option<&Linear> {
         match self {
             Joined::One { linear, cuts }
                 if cuts.len() == 1 && 2 * cuts[0] == linear.out_features() =>
             {
-                linear.forward_swiglu(x)
+                Some(linear)
             }
-            _ => Ok(None),
+            _ => None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The Llama-family decoder: RMS norm, GQA attention with RoPE, SwiGLU MLP.
 //! Qwen2 adds biases to q/k/v (picked up from the weights); Qwen3 adds per-head q/k RMS norms.
 
-use mlx_rs::{Array, Dtype, fast, nn, ops};
+use mlx_rs::{Array, Dtype, nn, ops};
 
 use super::attention::{causal_attention, causal_mask, explicit_attention};
 use super::config::ModelConfig;
@@ -174,7 +174,7 @@ impl Model {
         if let Some(act) = layer.gate_up.swiglu_normed(x, norm)? {
             return layer.down.forward_add(&act, x);
         }
-        let h = fast::rms_norm(x, Some(&layer.ffn_norm), self.config.rms_eps)?;
+        let h = norm.apply(x)?;
         let act = match layer.gate_up.swiglu(&h)? {
             Some(act) => act,
             None => {
@@ -303,9 +303,7 @@ impl Model {
         };
         let logits = match self.lm_head.forward_normed(&x, norm, Epilogue::Plain)? {
             Some(logits) => logits,
-            None => self
-                .lm_head
-                .forward(&fast::rms_norm(&x, Some(&self.norm), c.rms_eps)?)?,
+            None => self.lm_head.forward(&norm.apply(&x)?)?,
         };
         let logits = logits.reshape(&[b, c.vocab as i32])?;
         Ok(logits.as_dtype(Dtype::Float32)?)

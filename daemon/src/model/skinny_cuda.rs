@@ -72,6 +72,13 @@ pub struct RmsNorm<'a> {
     pub eps: f32,
 }
 
+impl RmsNorm<'_> {
+    /// The norm alone, as MLX's op: where the kernel does not take it.
+    pub fn apply(&self, x: &Array) -> Result<Array> {
+        Ok(mlx_rs::fast::rms_norm(x, Some(self.weight), self.eps)?)
+    }
+}
+
 /// What the kernel does with each output before storing it.
 pub enum Epilogue<'a> {
     /// Stores it.
