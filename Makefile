@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: check-macos setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: check-macos check-cuda-kernels setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -21,14 +21,19 @@ serve: setup
 	$(CARGO) build --release --workspace --bins
 	./target/release/mlxcelctl serve $(if $(SOCKET_DIR),--socket-dir $(SOCKET_DIR))
 
-## test: formatting, lints (warnings are errors), the macOS type check, then every test in the
-## workspace.
-test: test-setup lint check-macos
+## test: formatting, lints (warnings are errors), the macOS type check, every CUDA kernel compiled
+## by NVRTC (no GPU needed), then every test in the workspace.
+test: test-setup lint check-macos check-cuda-kernels
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
 check-macos:
 	CARGO=$(CARGO) bash scripts/check_macos.sh
+
+## check-cuda-kernels: every custom CUDA kernel's source, as MLX writes it, compiled for H100/H200
+## (sm_90a) with NVRTC from PyPI: a kernel that would not compile on a GPU fails here.
+check-cuda-kernels: test-setup
+	CARGO=$(CARGO) bash scripts/cuda_kernel_check.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

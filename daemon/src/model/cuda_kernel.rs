@@ -12,6 +12,8 @@ use mlx_rs::{Array, Dtype, Stream};
 
 use crate::{EngineError, Result};
 
+mod render;
+
 /// An A/B switch for a kernel, read once: the environment variable `name` set to `1` or `0`,
 /// else `default`.
 pub fn switch(cell: &'static OnceLock<bool>, name: &str, default: bool) -> bool {
@@ -22,8 +24,12 @@ pub fn switch(cell: &'static OnceLock<bool>, name: &str, default: bool) -> bool 
     })
 }
 
-/// A compiled-on-first-use kernel description.
-pub struct CudaKernel(mlx_sys::mlx_fast_cuda_kernel);
+/// A compiled-on-first-use kernel description: MLX's handle (`None` only where MLX has no CUDA
+/// back end and sources are being written, see [`render`]) and the parts it was made of.
+pub struct CudaKernel {
+    handle: Option<mlx_sys::mlx_fast_cuda_kernel>,
+    parts: render::Parts,
+}
 
 // SAFETY: the handle is an immutable description (a name, a source, argument names); applying
 // it builds a new graph node and changes nothing in the handle.
@@ -41,7 +47,8 @@ pub enum Constant {
 impl CudaKernel {
     /// A kernel named `name` over inputs and outputs named as the body names them. With
     /// `row_contiguous`, MLX copies any input that is not row-major first; without it, the body
-    /// reads `<input>_strides`. `None` if mlx-c refuses it (a name with a NUL byte).
+    /// reads `<input>_strides`. `None` if mlx-c refuses it (a name with a NUL byte, no CUDA back
+    /// end) and no sources are being written.
     pub fn new(
         name: &str,
         inputs: &[&str],
@@ -66,6 +73,14 @@ impl CudaKernel {
                 }
                 Some(v)
             }
+        };
+        let owned = |list: &[&str]| list.iter().map(|s| s.to_string()).collect();
+        let parts = render::Parts {
+            name: name.to_string(),
+            inputs: owned(inputs),
+            outputs: owned(outputs),
+            source: source.to_string(),
+            header: header.to_string(),
         };
         let (name, source, header) = (
             CString::new(name).ok()?,
@@ -93,7 +108,11 @@ impl CudaKernel {
             mlx_sys::mlx_vector_string_free(outputs);
             k
         };
-        (!k.ctx.is_null()).then_some(CudaKernel(k))
+        let handle = (!k.ctx.is_null()).then_some(k);
+        if handle.is_none() && render::sources_dir().is_none() {
+            return None;
+        }
+        Some(CudaKernel { handle, parts })
     }
 
     /// The kernel applied to `inputs`, giving `outputs` (shape, dtype each), over `grid` threads
@@ -106,6 +125,12 @@ impl CudaKernel {
         block: [i32; 3],
         constants: &[Constant],
     ) -> Result<Vec<Array>> {
+        if let Some(dir) = render::sources_dir() {
+            render::write(dir, &self.parts, inputs, outputs, constants)?;
+        }
+        let Some(handle) = self.handle else {
+            return render::stand_ins(outputs);
+        };
         let stream = Stream::new();
         // SAFETY: every handle passed is live for its call (the arrays borrowed, the config and
         // vectors made here and freed below); outputs are read only after a successful apply.
@@ -156,7 +181,7 @@ impl CudaKernel {
             ok = ok
                 && mlx_sys::mlx_fast_cuda_kernel_apply(
                     &mut outs,
-                    self.0,
+                    handle,
                     ins,
                     config,
                     stream.as_ptr(),
@@ -189,7 +214,9 @@ impl CudaKernel {
 
 impl Drop for CudaKernel {
     fn drop(&mut self) {
-        // SAFETY: the handle was made by `mlx_fast_cuda_kernel_new` and is dropped once.
-        unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.0) };
+        if let Some(handle) = self.handle {
+            // SAFETY: the handle was made by `mlx_fast_cuda_kernel_new` and is dropped once.
+            unsafe { mlx_sys::mlx_fast_cuda_kernel_free(handle) };
+        }
     }
 }
