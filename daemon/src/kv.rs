@@ -57,6 +57,15 @@ pub trait BatchKv {
         layout: OwnLayout,
     ) -> Result<BatchKeys>;
 
+    /// [`BatchKv::append_all`] of the new rows already packed as the pool stores them:
+    /// `values` is `[2 * kv_heads, batch, head_dim]`, each K head's rows then each V head's.
+    fn append_packed(
+        &mut self,
+        layer: usize,
+        values: Array,
+        layout: OwnLayout,
+    ) -> Result<BatchKeys>;
+
     /// Marks the token as stored in every sequence, after every layer has appended it.
     fn commit(&mut self);
 }

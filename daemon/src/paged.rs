@@ -10,8 +10,8 @@
 //! of keys, and attention masks the positions past `len` (the model builds that mask from the
 //! lengths).
 
-use mlx_rs::Array;
 use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{Array, ops};
 
 mod chunks;
 
@@ -226,6 +226,21 @@ impl BatchKv for PagedBatch<'_> {
         v: Array,
         layout: OwnLayout,
     ) -> Result<BatchKeys> {
+        // [batch, kv_heads, 1, head_dim] -> [kv_heads, batch, head_dim]
+        let heads_first = |x: Array| -> Result<Array> {
+            let s = x.shape().to_vec();
+            Ok(x.reshape(&[s[0], s[1], s[3]])?.swap_axes(0, 1)?)
+        };
+        let values = ops::concatenate(&[heads_first(k)?, heads_first(v)?], 0)?;
+        self.append_packed(layer, values, layout)
+    }
+
+    fn append_packed(
+        &mut self,
+        layer: usize,
+        values: Array,
+        layout: OwnLayout,
+    ) -> Result<BatchKeys> {
         if self.seqs.is_empty() {
             return Err(crate::EngineError::Internal(
                 "a decode step of no sequence".into(),
@@ -245,12 +260,7 @@ impl BatchKv for PagedBatch<'_> {
                 .collect();
             pool.plan_write(&at)
         });
-        // [batch, kv_heads, 1, head_dim] -> [kv_heads, batch, head_dim]
-        let heads_first = |x: Array| -> Result<Array> {
-            let s = x.shape().to_vec();
-            Ok(x.reshape(&[s[0], s[1], s[3]])?.swap_axes(0, 1)?)
-        };
-        pool.write_planned(layer, plan, &heads_first(k)?, &heads_first(v)?)?;
+        pool.write_packed(layer, plan, &values)?;
         if self.plan.is_none() {
             let (shared, plan) = self.plan(layout)?;
             self.shared = shared;

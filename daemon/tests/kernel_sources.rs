@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use mlx_rs::{Array, Dtype, ops};
 use mlxcel_daemon::kv::{BatchKeys, OwnKeys};
 use mlxcel_daemon::model::attention_cuda::{attend_batch, attend_tables, lengths};
+use mlxcel_daemon::model::rope_cuda::RopeKv;
 use mlxcel_daemon::model::skinny_cuda::{CudaSkinny, Epilogue, RmsNorm};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
 
@@ -105,6 +106,32 @@ fn table_attention() {
     }
 }
 
+/// RoPE and K/V packing: SmolLM2's and Llama 3 8B's heads, both pairings, each dtype.
+fn rope_kv() {
+    for dtype in [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32] {
+        for (heads, kvh, d) in [(9, 3, 64), (32, 8, 128)] {
+            for traditional in [false, true] {
+                let b = 5;
+                let r = RopeKv {
+                    heads,
+                    kv_heads: kvh,
+                    head_dim: d,
+                    theta: 100_000.0,
+                    traditional,
+                };
+                let offsets = Array::from_slice(&[0, 7, 300, 1, 4000], &[b]);
+                let (q, k, v) = (
+                    zeros(&[b, 1, heads * d], dtype),
+                    zeros(&[b, 1, kvh * d], dtype),
+                    zeros(&[b, 1, kvh * d], dtype),
+                );
+                let out = r.apply(&q, &k, &v, &offsets).unwrap();
+                assert!(out.is_some(), "{dtype:?} {heads}/{kvh} applied");
+            }
+        }
+    }
+}
+
 #[test]
 fn every_kernel_is_written_as_mlx_compiles_it() {
     let dir = match std::env::var_os("MLXCEL_KERNEL_SOURCES") {
@@ -120,6 +147,7 @@ fn every_kernel_is_written_as_mlx_compiles_it() {
     few_rows();
     padded_attention();
     table_attention();
+    rope_kv();
     let mut kernels = BTreeSet::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -163,6 +191,7 @@ fn every_kernel_is_written_as_mlx_compiles_it() {
         "mlxcel_table_attention_float16",
         "mlxcel_table_attention_part_float",
         "mlxcel_attention_merge_float16",
+        "mlxcel_rope_kv_bfloat16",
     ] {
         assert!(
             kernels.iter().any(|k| k.starts_with(want)),

@@ -282,8 +282,8 @@ impl Model {
         let mut read: Option<StepRead> = None;
         let layout = self.decode_layout();
         for (i, layer) in self.layers.iter().enumerate() {
-            let (q, k, v) = self.heads(layer, self.project_normed(layer, &x)?, &rope)?;
-            let keys = kv.append_all(i, k, v, layout)?;
+            let p = self.project_normed(layer, &x)?;
+            let (q, keys) = self.turn_and_store((i, layer), p, &rope, kv, layout)?;
             if let (None, Some(padded)) = (&read, keys.own.padded_len()) {
                 read = Some(StepRead::new(
                     self.placement,

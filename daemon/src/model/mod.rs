@@ -10,6 +10,7 @@
 //! - [`joined`]: q/k/v and gate/up joined into one matmul each at load (GPU).
 //! - [`skinny`]: the decode step's matmul on the CPU (few rows, no `sgemm` packing);
 //!   [`skinny_cuda`]: on CUDA (2–16 rows, a custom kernel instead of a cuBLAS call).
+//! - [`rope_cuda`]: a decode step's RoPE and K/V packing in one kernel on CUDA (opt-in).
 //! - [`span_attention`]: attention on the CPU read straight from the K/V spans.
 //! - [`llama`]: the Llama-family transformer (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
 
@@ -23,6 +24,7 @@ pub mod gguf;
 pub mod gguf_check;
 mod joined;
 pub mod llama;
+pub mod rope_cuda;
 mod rotary;
 pub mod safetensors;
 mod skinny;

@@ -57,9 +57,15 @@ impl BlockPool {
         k: &Array,
         v: &Array,
     ) -> Result<()> {
-        let hd = self.shape.head_dim as i32;
         // [2 * kv_heads, n, head_dim]: K heads then V heads.
         let values = ops::concatenate(&[k, v], 0)?;
+        self.write_packed(layer, plan, &values)
+    }
+
+    /// [`BlockPool::write_planned`] of K and V already side by side: `values` is
+    /// `[2 * kv_heads, n, head_dim]`, the K heads then the V heads.
+    pub fn write_packed(&mut self, layer: usize, plan: &WritePlan, values: &Array) -> Result<()> {
+        let hd = self.shape.head_dim as i32;
         for (s, rows, pick) in &plan.parts {
             let part = match pick {
                 Some(idx) => values.take_axis(idx, 1)?,

@@ -5,6 +5,9 @@ use mlx_rs::{Array, fast};
 
 use super::{Layer, Model, Offset, Rope};
 use crate::Result;
+use crate::device::Backend;
+use crate::kv::{BatchKeys, BatchKv, OwnLayout};
+use crate::model::rope_cuda::{self, RopeKv};
 use crate::model::skinny_cuda::RmsNorm;
 
 /// q, k and v of a pass's rows, `[b, t, n * head_dim]` each; `qk`, where the projections are
@@ -102,5 +105,38 @@ impl Model {
             k = fast::rms_norm(&k, Some(w), c.rms_eps)?;
         }
         Ok((turn(&q)?, turn(&k)?, v))
+    }
+
+    /// A decode step's queries for `layer` (`[b, heads, 1, head_dim]`), rotated, and every
+    /// row's keys after this step's K/V rows are stored in `kv` (see [`BatchKv::append_all`]):
+    /// on CUDA with [`rope_cuda::wanted`] one kernel rotates q and k and packs the rows as the
+    /// pool stores them, else [`Model::heads`] and the pool's own packing.
+    pub(super) fn turn_and_store(
+        &self,
+        (index, layer): (usize, &Layer),
+        p: Projected,
+        rope: &Rope,
+        kv: &mut dyn BatchKv,
+        layout: OwnLayout,
+    ) -> Result<(Array, BatchKeys)> {
+        let c = &self.config;
+        let one_kernel = self.placement.backend == Backend::Cuda
+            && rope_cuda::wanted()
+            && layer.q_norm.is_none()
+            && layer.k_norm.is_none();
+        if let (true, Rope::Fused(Offset::PerRow(offsets))) = (one_kernel, rope) {
+            let r = RopeKv {
+                heads: c.heads as i32,
+                kv_heads: c.kv_heads as i32,
+                head_dim: c.head_dim as i32,
+                theta: c.rope_theta,
+                traditional: c.rope_traditional,
+            };
+            if let Some((q, values)) = r.apply(&p.q, &p.k, &p.v, offsets)? {
+                return Ok((q, kv.append_packed(index, values, layout)?));
+            }
+        }
+        let (q, k, v) = self.heads(layer, p, rope)?;
+        Ok((q, kv.append_all(index, k, v, layout)?))
     }
 }
