@@ -7,8 +7,11 @@
 //!
 //! The rotation is MLX's own (`mlx/backend/cuda/rope.cu`): `inv_freq = exp2(-(i / (d/2)) *
 //! log2(theta))`, the angle `offset * inv_freq`, f32 `cos`/`sin`, the result rounded to `T`; so
-//! the values match `fast::rope` with per-row offsets. Opt-in (`MLXCEL_CUDA_ROPE_KV=1`) until it
-//! has run on a GPU (`tests/rope_kv_cuda.rs`); `make test` compiles it (`kernel_sources`).
+//! the values match `fast::rope` with per-row offsets (`tests/rope_kv_cuda.rs`, passed on an
+//! H100); `make test` compiles it (`kernel_sources`). Opt-in (`MLXCEL_CUDA_ROPE_KV=1`): with the
+//! fused norms it served 8 clients no faster on that H100 (600 and 604 tok/s against 600 and
+//! 597, `bench/results/2026-12-07-gpu-h100-norms-rope-kv`): the step there is no longer bound
+//! by the kernels the host encodes.
 
 use std::sync::OnceLock;
 
@@ -17,7 +20,8 @@ use mlx_rs::{Array, Dtype};
 use super::cuda_kernel::{Constant, CudaKernel, switch};
 use crate::Result;
 
-/// Whether decode steps on CUDA rotate and pack in this kernel: `MLXCEL_CUDA_ROPE_KV=1`.
+/// Whether decode steps on CUDA rotate and pack in this kernel: `MLXCEL_CUDA_ROPE_KV=1`
+/// (default off).
 pub fn wanted() -> bool {
     static WANTED: OnceLock<bool> = OnceLock::new();
     switch(&WANTED, "MLXCEL_CUDA_ROPE_KV", false)

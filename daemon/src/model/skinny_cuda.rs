@@ -56,8 +56,10 @@ pub fn fuses() -> bool {
 }
 
 /// Whether a decode step's RMS norms run inside the projection after them:
-/// `MLXCEL_CUDA_FUSED_NORMS=1` (and the fused epilogues on). Off by default until its kernels
-/// have run on a GPU (`tests/few_rows_cuda.rs` checks them there); off, MLX's kernel norms.
+/// `MLXCEL_CUDA_FUSED_NORMS=1` (and the fused epilogues on); off, MLX's kernel norms. Correct on
+/// an H100 (`tests/few_rows_cuda.rs`), but served 8 clients no faster there (600 and 604 tok/s
+/// against 600 and 597 with the RoPE/KV kernel, `bench/results/2026-12-07-gpu-h100-norms-rope-kv`),
+/// so opt-in.
 pub fn fuses_norms() -> bool {
     static FUSES: OnceLock<bool> = OnceLock::new();
     switch(&FUSES, "MLXCEL_CUDA_FUSED_NORMS", false)
