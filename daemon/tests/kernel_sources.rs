@@ -4,13 +4,14 @@
 //! placeholder left); `scripts/cuda_kernel_check.sh` runs this test and compiles every source it
 //! wrote with NVRTC for the GPUs we run on, on a machine without one.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use mlx_rs::{Array, Dtype, ops};
 use mlxcel_daemon::kv::{BatchKeys, OwnKeys};
 use mlxcel_daemon::model::attention_cuda::{attend_batch, attend_tables, lengths};
-use mlxcel_daemon::model::rope_cuda::RopeKv;
 use mlxcel_daemon::model::skinny_cuda::{CudaSkinny, Epilogue, RmsNorm};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
 
@@ -106,29 +107,23 @@ fn table_attention() {
     }
 }
 
-/// RoPE and K/V packing: SmolLM2's and Llama 3 8B's heads, both pairings, each dtype.
+/// RoPE and K/V packing: each case of the GPU test.
 fn rope_kv() {
-    for dtype in [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32] {
-        for (heads, kvh, d) in [(9, 3, 64), (32, 8, 128)] {
-            for traditional in [false, true] {
-                let b = 5;
-                let r = RopeKv {
-                    heads,
-                    kv_heads: kvh,
-                    head_dim: d,
-                    theta: 100_000.0,
-                    traditional,
-                };
-                let offsets = Array::from_slice(&[0, 7, 300, 1, 4000], &[b]);
-                let (q, k, v) = (
-                    zeros(&[b, 1, heads * d], dtype),
-                    zeros(&[b, 1, kvh * d], dtype),
-                    zeros(&[b, 1, kvh * d], dtype),
-                );
-                let out = r.apply(&q, &k, &v, &offsets).unwrap();
-                assert!(out.is_some(), "{dtype:?} {heads}/{kvh} applied");
-            }
-        }
+    for (dtype, r) in support::cuda::rope_cases() {
+        let b = 5;
+        let offsets = Array::from_slice(&[0, 7, 300, 1, 4000], &[b]);
+        let (q, k, v) = (
+            zeros(&[b, 1, r.heads * r.head_dim], dtype),
+            zeros(&[b, 1, r.kv_heads * r.head_dim], dtype),
+            zeros(&[b, 1, r.kv_heads * r.head_dim], dtype),
+        );
+        let out = r.apply(&q, &k, &v, &offsets).unwrap();
+        assert!(
+            out.is_some(),
+            "{dtype:?} {}/{} applied",
+            r.heads,
+            r.kv_heads
+        );
     }
 }
 

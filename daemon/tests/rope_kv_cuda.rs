@@ -9,7 +9,7 @@ mod support;
 
 use mlx_rs::{Array, Dtype, fast, ops};
 use mlxcel_daemon::model::rope_cuda::RopeKv;
-use support::cuda::{f32, max_error, normal, on_cuda};
+use support::cuda::{f32, max_error, normal, on_cuda, rope_cases};
 
 /// `x` (`[b, 1, n * d]`) as heads `[b, n, 1, d]`, rotated by MLX from `offsets`.
 fn mlx_rope(x: &Array, n: i32, r: &RopeKv, offsets: &Array) -> Array {
@@ -45,56 +45,46 @@ fn one_kernel_rotates_and_packs_as_mlx_does() {
     if !on_cuda() {
         return;
     }
-    for dtype in [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32] {
-        for (heads, kvh, d) in [(9, 3, 64), (32, 8, 128)] {
-            for traditional in [false, true] {
-                let r = RopeKv {
-                    heads,
-                    kv_heads: kvh,
-                    head_dim: d,
-                    theta: 100_000.0,
-                    traditional,
-                };
-                let offsets = Array::from_slice(&[0, 7, 300, 1, 4000, 30_000], &[6]);
-                let b = 6;
-                let joined = normal(&[b, 1, (heads + 2 * kvh) * d], dtype);
-                let parts = joined
-                    .split_at_indices(&[heads * d, (heads + kvh) * d], -1)
-                    .unwrap();
-                let (q, k, v) = (&parts[0], &parts[1], &parts[2]);
-                let (got_q, got_kv) = r
-                    .apply(q, k, v, &offsets)
-                    .unwrap()
-                    .expect("the kernel takes these inputs");
-                let want_q = mlx_rope(q, heads, &r, &offsets);
-                let want_k = heads_first(&mlx_rope(k, kvh, &r, &offsets));
-                let want_v = heads_first(
-                    &v.reshape(&[b, 1, kvh, d])
-                        .unwrap()
-                        .transpose_axes(&[0, 2, 1, 3])
-                        .unwrap(),
-                );
-                let want_kv = ops::concatenate(&[want_k, want_v], 0).unwrap();
-                assert_eq!(got_q.shape(), &[b, heads, 1, d]);
-                assert_eq!(got_kv.shape(), &[2 * kvh, b, d]);
-                // One rounding of the same f32 value: at most one unit in the last place of
-                // values of magnitude ~4 (normal inputs rotated).
-                let ulp = match dtype {
-                    Dtype::Float32 => 1e-5,
-                    Dtype::Float16 => 4.0 / 1024.0,
-                    _ => 4.0 / 128.0,
-                };
-                let what = format!("{dtype:?} {heads}/{kvh}x{d} traditional={traditional}");
-                let eq = max_error(&got_q, &f32(&want_q));
-                assert!(eq <= ulp, "{what}: q off by {eq}");
-                let ekv = max_error(&got_kv, &f32(&want_kv));
-                assert!(ekv <= ulp, "{what}: k/v off by {ekv}");
-                // The V heads are copied, not rounded again.
-                let v_got = got_kv.split_at_indices(&[kvh], 0).unwrap().pop().unwrap();
-                let v_want = want_kv.split_at_indices(&[kvh], 0).unwrap().pop().unwrap();
-                assert_eq!(max_error(&v_got, &f32(&v_want)), 0.0, "{what}: v");
-            }
-        }
+    for (dtype, r) in rope_cases() {
+        let (heads, kvh, d, traditional) = (r.heads, r.kv_heads, r.head_dim, r.traditional);
+        let offsets = Array::from_slice(&[0, 7, 300, 1, 4000, 30_000], &[6]);
+        let b = 6;
+        let joined = normal(&[b, 1, (heads + 2 * kvh) * d], dtype);
+        let parts = joined
+            .split_at_indices(&[heads * d, (heads + kvh) * d], -1)
+            .unwrap();
+        let (q, k, v) = (&parts[0], &parts[1], &parts[2]);
+        let (got_q, got_kv) = r
+            .apply(q, k, v, &offsets)
+            .unwrap()
+            .expect("the kernel takes these inputs");
+        let want_q = mlx_rope(q, heads, &r, &offsets);
+        let want_k = heads_first(&mlx_rope(k, kvh, &r, &offsets));
+        let want_v = heads_first(
+            &v.reshape(&[b, 1, kvh, d])
+                .unwrap()
+                .transpose_axes(&[0, 2, 1, 3])
+                .unwrap(),
+        );
+        let want_kv = ops::concatenate(&[want_k, want_v], 0).unwrap();
+        assert_eq!(got_q.shape(), &[b, heads, 1, d]);
+        assert_eq!(got_kv.shape(), &[2 * kvh, b, d]);
+        // One rounding of the same f32 value: at most one unit in the last place of
+        // values of magnitude ~4 (normal inputs rotated).
+        let ulp = match dtype {
+            Dtype::Float32 => 1e-5,
+            Dtype::Float16 => 4.0 / 1024.0,
+            _ => 4.0 / 128.0,
+        };
+        let what = format!("{dtype:?} {heads}/{kvh}x{d} traditional={traditional}");
+        let eq = max_error(&got_q, &f32(&want_q));
+        assert!(eq <= ulp, "{what}: q off by {eq}");
+        let ekv = max_error(&got_kv, &f32(&want_kv));
+        assert!(ekv <= ulp, "{what}: k/v off by {ekv}");
+        // The V heads are copied, not rounded again.
+        let v_got = got_kv.split_at_indices(&[kvh], 0).unwrap().pop().unwrap();
+        let v_want = want_kv.split_at_indices(&[kvh], 0).unwrap().pop().unwrap();
+        assert_eq!(max_error(&v_got, &f32(&v_want)), 0.0, "{what}: v");
     }
 }
 
