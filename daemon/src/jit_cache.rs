@@ -19,12 +19,12 @@ use std::sync::OnceLock;
 
 static INSTALLED: OnceLock<JitCache> = OnceLock::new();
 
-/// Publishes what this process compiled, when [`JitCache::install`] ran, and says how many
-/// kernel files (libraries, PTX) were new to the cache. Call only while no MLX work is in flight
-/// (a kernel being compiled is not whole yet): the engine calls it when idle and after each
-/// stage of its warm-up.
-pub fn publish() -> usize {
-    INSTALLED.get().map_or(0, JitCache::publish)
+/// Publishes what this process compiled, when [`JitCache::install`] ran, and names the kernel
+/// files (libraries, PTX modules) that were new to the cache. Call only while no MLX work is in
+/// flight (a kernel being compiled is not whole yet): the engine calls it when idle and after
+/// each stage of its warm-up.
+pub fn publish() -> Vec<String> {
+    INSTALLED.get().map_or_else(Vec::new, JitCache::publish)
 }
 
 /// Publishes and removes this process's directory (at exit, after the engine stopped).
@@ -55,15 +55,15 @@ impl JitCache {
         let private = root.join(format!("proc-{}", std::process::id()));
         let _ = fs::remove_dir_all(&private);
         fs::create_dir_all(&private)?;
-        let seeded = copy_libraries(&shared, &private, Link::Seed);
+        let seeded = copy_libraries(&shared, &private, Link::Seed).len();
         // SAFETY: the caller guarantees no other thread is running.
         unsafe { std::env::set_var("TMPDIR", &private) };
         let _ = INSTALLED.set(JitCache { shared, private });
         Ok(seeded)
     }
 
-    /// Publishes the kernels this process built into the shared cache; how many were new.
-    fn publish(&self) -> usize {
+    /// Publishes the kernels this process built into the shared cache; names those that were new.
+    fn publish(&self) -> Vec<String> {
         copy_libraries(&self.private, &self.shared, Link::Publish)
     }
 
@@ -162,34 +162,41 @@ impl Kernels {
 }
 
 /// Hard-links every compiled kernel file ([`Kernels`]) under `from` to the same place under
-/// `to`, skipping those already there, and counts the kernels (a library, a module's PTX) it
+/// `to`, skipping those already there, and names the kernels (a library, a module's PTX) it
 /// linked. Sources are not copied: a seeded kernel is found by name, and MLX writes a source
 /// only to build a missing one.
-fn copy_libraries(from: &Path, to: &Path, how: Link) -> usize {
+fn copy_libraries(from: &Path, to: &Path, how: Link) -> Vec<String> {
     let Ok(versions) = fs::read_dir(from.join("mlx")) else {
-        return 0;
+        return Vec::new();
     };
-    let mut linked = 0;
+    let mut linked = Vec::new();
     for v in versions.flatten() {
         for kind in Kernels::ALL {
             let rel = Path::new("mlx").join(v.file_name()).join(kind.dir());
-            linked += link_dir(from, to, &rel, kind, how);
+            link_dir(from, to, &rel, kind, how, &mut linked);
         }
     }
     linked
 }
 
-/// [`copy_libraries`] of one directory `rel` (and, for PTX, the directories below it).
-fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) -> usize {
+/// [`copy_libraries`] of one directory `rel` (and, for PTX, the directories below it), naming
+/// what it linked in `linked`.
+fn link_dir(
+    from: &Path,
+    to: &Path,
+    rel: &Path,
+    kind: Kernels,
+    how: Link,
+    linked: &mut Vec<String>,
+) {
     let Ok(entries) = fs::read_dir(from.join(rel)) else {
-        return 0;
+        return;
     };
-    let mut linked = 0;
     let mut files: Vec<(u8, std::ffi::OsString)> = Vec::new();
     for e in entries.flatten() {
         let name = e.file_name();
         if matches!(kind, Kernels::Ptx) && e.file_type().is_ok_and(|t| t.is_dir()) {
-            linked += link_dir(from, to, &rel.join(&name), kind, how);
+            link_dir(from, to, &rel.join(&name), kind, how, linked);
         } else if let Some(pass) = name.to_str().and_then(|n| kind.pass(n)) {
             files.push((pass, name));
         }
@@ -197,7 +204,7 @@ fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) -> usi
     files.sort();
     let dest = to.join(rel);
     if files.is_empty() || fs::create_dir_all(&dest).is_err() {
-        return linked;
+        return;
     }
     for (pass, name) in files {
         if dest.join(&name).exists() {
@@ -205,7 +212,10 @@ fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) -> usi
         }
         match fs::hard_link(from.join(rel).join(&name), dest.join(&name)) {
             // The kernel itself (not a module's names) counts.
-            Ok(()) => linked += usize::from(pass == KERNEL_PASS),
+            Ok(()) if pass == KERNEL_PASS => {
+                linked.push(rel.join(&name).to_string_lossy().into_owned());
+            }
+            Ok(()) => {}
             Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
                 if matches!(how, Link::Publish) {
                     tracing::debug!(error = %e, file = ?name, "cannot publish a compiled kernel");
@@ -214,7 +224,6 @@ fn link_dir(from: &Path, to: &Path, rel: &Path, kind: Kernels, how: Link) -> usi
             Err(_) => {}
         }
     }
-    linked
 }
 
 #[cfg(test)]
@@ -235,14 +244,19 @@ mod tests {
         );
         fs::write(cpu(&private).join("libB.so"), b"b").expect("b");
         fs::write(cpu(&private).join("B.cpp"), b"src").expect("src");
-        copy_libraries(&private, &shared, Link::Publish);
+        let published = copy_libraries(&private, &shared, Link::Publish);
+        assert_eq!(
+            published,
+            ["mlx/0.0.0/cpu/libB.so"],
+            "only the new library is named"
+        );
         assert_eq!(
             fs::read(cpu(&shared).join("libB.so")).expect("published"),
             b"b"
         );
         assert!(!cpu(&shared).join("B.cpp").exists());
         // A second publish finds them there and changes nothing.
-        copy_libraries(&private, &shared, Link::Publish);
+        assert!(copy_libraries(&private, &shared, Link::Publish).is_empty());
         fs::remove_dir_all(&dir).expect("clean up");
     }
 
@@ -259,7 +273,16 @@ mod tests {
             fs::write(at.join(format!("{stem}.txt")), b"k\tm").expect("txt");
             fs::write(at.join(format!("{stem}.cu")), b"src").expect("cu");
         }
-        copy_libraries(&private, &shared, Link::Publish);
+        let mut named = copy_libraries(&private, &shared, Link::Publish);
+        named.sort();
+        assert_eq!(
+            named,
+            [
+                "mlx/0.0.0/ptx/a_very_long_module_name_prefix/rest.ptx",
+                "mlx/0.0.0/ptx/binary_add.ptx"
+            ],
+            "each module's PTX once, its names file not counted"
+        );
         let published = ptx(&shared).join("a_very_long_module_name_prefix");
         for (at, stem) in [(ptx(&shared), "binary_add"), (published, "rest")] {
             assert_eq!(

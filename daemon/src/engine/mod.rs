@@ -158,9 +158,10 @@ pub fn spawn(
 fn give_back_freed_memory() {
     give_back_transient_memory();
     let built = crate::jit_cache::publish();
-    if built > 0 {
-        // A request met a shape the warm-up did not run, and waited on its build.
-        tracing::info!(kernels_built = built, "kernels built while serving");
+    if !built.is_empty() {
+        // A request met a shape the warm-up did not run, and waited on its build: the names say
+        // which (a module's name carries its kernels' names, and their template constants).
+        tracing::info!(kernels_built = built.len(), names = ?built, "kernels built while serving");
     }
 }
 

@@ -1,6 +1,7 @@
 //! Warm-up: before the daemon listens, it runs the shapes the scheduler will use (prefill chunks:
 //! on a GPU every padded row count and every attention shape up to a long context, on the CPU one
-//! chunk; batched decode steps at the largest batch, masked and not, and their draws; on CUDA a
+//! chunk; batched decode steps, masked and not, and their draws, at the largest batch and on a
+//! GPU at each row count that chooses other kernels ([`Model::warm_up_batches`]); on CUDA a
 //! step whose long row's keys are split into parts) so no user
 //! waits on first-use costs (kernel builds on a GPU; BLAS work buffers and page faults on the
 //! CPU), and so the memory an idle daemon holds is what it holds after serving, not less.
@@ -50,10 +51,17 @@ pub fn run(
     })?;
     let step_bytes = stage(&what, || warm_chunks(model, pool, &chunks, room))?;
     // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
-    let batch = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
-    if batch > 0 {
-        stage(&format!("{batch}-sequence decode steps and draws"), || {
-            warm_decode(model, pool, batch)
+    let most = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
+    if most > 0 {
+        let sizes = model.warm_up_batches(most);
+        let what = match sizes.as_slice() {
+            [one] => format!("{one}-sequence decode steps and draws"),
+            _ => format!("decode steps and draws of {sizes:?} sequences"),
+        };
+        stage(&what, || {
+            sizes
+                .iter()
+                .try_for_each(|&batch| warm_decode(model, pool, batch))
         })?;
     }
     if let Some(long) = model.split_decode_from() {
@@ -80,7 +88,7 @@ pub fn run(
 fn stage<T>(what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
     let started = Instant::now();
     let out = work();
-    let kernels_built = crate::jit_cache::publish();
+    let kernels_built = crate::jit_cache::publish().len();
     tracing::info!(
         ms = started.elapsed().as_millis() as u64,
         kernels_built,

@@ -7,7 +7,7 @@
 use mlx_rs::{Array, Dtype};
 
 use super::super::attention::{batch_attention, fused_batch_attention, padding_mask};
-use super::super::{attention_cuda, span_attention};
+use super::super::{attention_cuda, skinny_cuda, span_attention};
 use super::Model;
 use crate::Result;
 use crate::device::{Backend, Placement};
@@ -62,6 +62,15 @@ impl Model {
     pub fn split_decode_from(&self) -> Option<usize> {
         self.reads_tables()
             .then_some(attention_cuda::SPLIT_FROM as usize)
+    }
+
+    /// The batch sizes a warm-up steps so that serving up to `max` rows meets no row count
+    /// whose kernels it has not built: on a GPU one per kind of matmul a step's row count
+    /// chooses (one row: MLX's matrix-vector kernel; 2–8 and 9–16 rows: the few-row kernel's
+    /// tiles on CUDA; more: the BLAS), each with one row fewer beside it (see the warm-up);
+    /// elsewhere (kernels not built per shape) `max` alone.
+    pub fn warm_up_batches(&self, max: usize) -> Vec<usize> {
+        batch_sizes(self.placement.gpu, max)
     }
 
     /// [`Model::attend_batch`] through MLX's ops (the CPU's plain ones, a GPU's fused kernel).
@@ -141,5 +150,33 @@ impl StepRead {
             self.lengths = Some(attention_cuda::lengths(&own, self.shared));
         }
         self.lengths.as_ref()
+    }
+}
+
+/// [`Model::warm_up_batches`]: on a GPU each row count that ends a kind of matmul below `max`
+/// (1; 8 and [`skinny_cuda::MAX_ROWS`], the few-row kernel's two tiles), then `max`.
+fn batch_sizes(gpu: bool, max: usize) -> Vec<usize> {
+    if !gpu {
+        return vec![max];
+    }
+    let mut sizes: Vec<usize> = [1, 8, skinny_cuda::MAX_ROWS as usize]
+        .into_iter()
+        .filter(|&n| n < max)
+        .collect();
+    sizes.push(max);
+    sizes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::batch_sizes;
+
+    #[test]
+    fn a_gpu_warms_every_kind_of_step_matmul_and_a_cpu_its_largest_batch() {
+        assert_eq!(batch_sizes(false, 32), [32]);
+        assert_eq!(batch_sizes(true, 32), [1, 8, 16, 32]);
+        assert_eq!(batch_sizes(true, 12), [1, 8, 12]);
+        assert_eq!(batch_sizes(true, 8), [1, 8]);
+        assert_eq!(batch_sizes(true, 1), [1]);
     }
 }
