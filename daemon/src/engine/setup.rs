@@ -65,10 +65,14 @@ impl Engine {
                 config.prefill_chunk, warmed.attention_shapes
             ),
         };
+        let decode = match warmed.batches.as_slice() {
+            [] => "no decode step (no room in the pool)".to_string(),
+            [one] => format!("{one}-sequence decode steps (masked and not)"),
+            sizes => format!("decode steps of {sizes:?} sequences (masked and not)"),
+        };
         tracing::info!(
             warmup_ms = warmed.took.as_millis() as u64,
-            "warm-up done: {prefill} and {}-sequence decode steps (masked and not)",
-            config.max_running
+            "warm-up done: {prefill} and {decode}"
         );
         if loaded.model.placement.keeps_step_buffers && warmed.step_bytes > 0 {
             // A step's freed buffers wait for the next step up to a prefill chunk's worth; the

@@ -10,17 +10,19 @@ use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::model::Model;
-use crate::paged::{PagedBatch, PagedSeq};
+use crate::paged::{OwnRead, PagedBatch, PagedChunks, PagedSeq};
 use crate::pool::BlockPool;
 
 /// What a warm-up ran.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Warmed {
     pub took: Duration,
     /// Prefill chunks run through the model.
     pub chunks: usize,
     /// Attention shapes built on their own (a GPU's).
     pub attention_shapes: usize,
+    /// The batch sizes decode steps ran at (none where the pool had no room).
+    pub batches: Vec<usize>,
     /// The most memory one prefill chunk's pass took beyond what it stored (its activations and
     /// work buffers; measured from MLX's peak, less the pool's growth): what a step frees.
     pub step_bytes: u64,
@@ -50,10 +52,17 @@ pub fn run(
         model.warm_up_attention(prefill_chunk, room)
     })?;
     let step_bytes = stage(&what, || warm_chunks(model, pool, &chunks, room))?;
+    if model.placement.gathers_prefill_keys {
+        stage("a prefill chunk reading gathered keys", || {
+            warm_gathered_chunk(model, pool, chunks.first().copied().unwrap_or(0).min(room))
+        })?;
+    }
     // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
     let most = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
+    let mut batches = Vec::new();
     if most > 0 {
         let sizes = model.warm_up_batches(most);
+        batches.clone_from(&sizes);
         let what = match sizes.as_slice() {
             [one] => format!("{one}-sequence decode steps and draws"),
             _ => format!("decode steps and draws of {sizes:?} sequences"),
@@ -78,6 +87,7 @@ pub fn run(
         took: started.elapsed(),
         chunks: chunks.len(),
         attention_shapes,
+        batches,
         step_bytes,
     })
 }
@@ -129,9 +139,28 @@ fn warm_chunks(model: &Model, pool: &mut BlockPool, chunks: &[usize], room: usiz
     Ok(step_bytes)
 }
 
+/// A prefill chunk of `tokens` that reads its keys gathered from the pool, as a GPU's pass does
+/// where a prompt's blocks are scattered (a pool that has served requests), which the chunks
+/// above, over fresh consecutive blocks, do not: the gather is a kernel of its own.
+fn warm_gathered_chunk(model: &Model, pool: &mut BlockPool, tokens: usize) -> Result<()> {
+    if tokens == 0 {
+        return Ok(());
+    }
+    let mut seq = PagedSeq::default();
+    let out = {
+        let mut kv = PagedChunks::new(vec![&mut seq], pool).reading(OwnRead::Gather);
+        model
+            .forward_packed(&[&ids(tokens)], &mut kv)
+            .and_then(|l| Ok(l.eval()?))
+    };
+    seq.free(pool);
+    out
+}
+
 /// A decode step of `batch` sequences and its draws, then one of all but the first: the first
 /// row is one token longer, so the step over all rows is masked and the step over the rest (one
-/// length) is not; on a GPU those are different kernels.
+/// length) is not; on a GPU those are different kernels. The second step's tokens are the
+/// first's draws, picked by row (a gather), as a step after a row ended reads them.
 fn warm_decode(model: &Model, pool: &mut BlockPool, batch: usize) -> Result<()> {
     let mut seqs: Vec<PagedSeq> = (0..batch).map(|_| PagedSeq::default()).collect();
     let mut result = Ok(());
@@ -143,16 +172,21 @@ fn warm_decode(model: &Model, pool: &mut BlockPool, batch: usize) -> Result<()> 
             break;
         }
     }
+    let mut drawn = None;
     if result.is_ok() {
         let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
         result = model
             .forward_batch(&ids(batch), &mut kv)
-            .and_then(|l| warm_draws(&l, batch));
+            .and_then(|l| warm_draws(&l, batch))
+            .map(|tokens| drawn = Some(tokens));
     }
-    if result.is_ok() && batch > 1 {
+    if let (Some(tokens), true) = (drawn, result.is_ok() && batch > 1) {
+        let rest: Vec<i32> = (1..batch as i32).collect();
         let mut kv = PagedBatch::new(seqs.iter_mut().skip(1).collect(), pool);
-        result = model
-            .forward_batch(&ids(batch - 1), &mut kv)
+        result = tokens
+            .take_axis(mlx_rs::Array::from_slice(&rest, &[rest.len() as i32]), 0)
+            .map_err(Into::into)
+            .and_then(|ids| model.forward_step(&ids, &mut kv))
             .and_then(|l| Ok(l.eval()?));
     }
     seqs.iter_mut().for_each(|s| s.free(pool));
@@ -201,8 +235,8 @@ fn timed(what: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
 }
 
 /// Draws a step's tokens from `logits` (`[rows, vocab]`) greedily and sampled with every filter,
-/// so that the device's draw kernels are built too.
-fn warm_draws(logits: &mlx_rs::Array, rows: usize) -> Result<()> {
+/// so that the device's draw kernels are built too; the last draw's tokens (`[rows]`, u32).
+fn warm_draws(logits: &mlx_rs::Array, rows: usize) -> Result<mlx_rs::Array> {
     use crate::batch_draw::{RowDraw, draw};
     let greedy = RowDraw::new(&Default::default(), 0.0);
     let sampled = RowDraw {
@@ -212,9 +246,11 @@ fn warm_draws(logits: &mlx_rs::Array, rows: usize) -> Result<()> {
         min_p: 0.05,
         uniform: 0.5,
     };
+    let mut tokens = None;
     for row in [greedy, sampled] {
         let drawn = draw(logits, &vec![row; rows], true)?;
         mlx_rs::transforms::eval(drawn.logprobs.iter().chain([&drawn.tokens]))?;
+        tokens = Some(drawn.tokens);
     }
-    Ok(())
+    tokens.ok_or_else(|| crate::EngineError::Internal("no draw was made".into()))
 }
