@@ -53,7 +53,9 @@ def one(port, messages, max_tokens=MAX_TOKENS):
 def run_peer(peer, model, levels, max_batch, out_dir, warm):
     started = time.monotonic()
     if peer == "mlxcel":
-        env = {"MLXCEL_MODEL": model, "MLXCEL_MAX_BATCH_SIZE": str(max_batch), "MLXCEL_LOG": "info"}
+        # The warm-up's debug lines name the kernels each stage built (a first start's).
+        env = {"MLXCEL_MODEL": model, "MLXCEL_MAX_BATCH_SIZE": str(max_batch),
+               "MLXCEL_LOG": "info,mlxcel_daemon::engine::warmup=debug"}
         server = Mlxcel("mlxcel", env, serve_args=("--startup-timeout", "900s"))
     else:
         server = MlxLm("mlx_lm", CAPACITY, model=model, gpu=True)

@@ -98,12 +98,15 @@ pub fn run(
 fn stage<T>(what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
     let started = Instant::now();
     let out = work();
-    let kernels_built = crate::jit_cache::publish().len();
+    let built = crate::jit_cache::publish();
     tracing::info!(
         ms = started.elapsed().as_millis() as u64,
-        kernels_built,
+        kernels_built = built.len(),
         "warm-up: {what}"
     );
+    if !built.is_empty() {
+        tracing::debug!(names = ?built, "warm-up: {what}: the kernels it built");
+    }
     out
 }
 
