@@ -59,16 +59,18 @@ pub fn run(
     }
     // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
     let most = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
-    let mut batches = Vec::new();
-    if most > 0 {
-        let sizes = model.warm_up_batches(most);
-        batches.clone_from(&sizes);
-        let what = match sizes.as_slice() {
+    let batches = if most > 0 {
+        model.warm_up_batches(most)
+    } else {
+        Vec::new()
+    };
+    if !batches.is_empty() {
+        let what = match batches.as_slice() {
             [one] => format!("{one}-sequence decode steps and draws"),
-            _ => format!("decode steps and draws of {sizes:?} sequences"),
+            sizes => format!("decode steps and draws of {sizes:?} sequences"),
         };
         stage(&what, || {
-            sizes
+            batches
                 .iter()
                 .try_for_each(|&batch| warm_decode(model, pool, batch))
         })?;
@@ -166,34 +168,31 @@ fn warm_gathered_chunk(model: &Model, pool: &mut BlockPool, tokens: usize) -> Re
 /// first's draws, picked by row (a gather), as a step after a row ended reads them.
 fn warm_decode(model: &Model, pool: &mut BlockPool, batch: usize) -> Result<()> {
     let mut seqs: Vec<PagedSeq> = (0..batch).map(|_| PagedSeq::default()).collect();
-    let mut result = Ok(());
-    for (i, s) in seqs.iter_mut().enumerate() {
-        result = model
-            .forward(&ids(1 + usize::from(i == 0)), &mut s.store(pool))
-            .and_then(|l| Ok(l.eval()?));
-        if result.is_err() {
-            break;
-        }
-    }
-    let mut drawn = None;
-    if result.is_ok() {
-        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
-        result = model
-            .forward_batch(&ids(batch), &mut kv)
-            .and_then(|l| warm_draws(&l, batch))
-            .map(|tokens| drawn = Some(tokens));
-    }
-    if let (Some(tokens), true) = (drawn, result.is_ok() && batch > 1) {
-        let rest: Vec<i32> = (1..batch as i32).collect();
-        let mut kv = PagedBatch::new(seqs.iter_mut().skip(1).collect(), pool);
-        result = tokens
-            .take_axis(mlx_rs::Array::from_slice(&rest, &[rest.len() as i32]), 0)
-            .map_err(Into::into)
-            .and_then(|ids| model.forward_step(&ids, &mut kv))
-            .and_then(|l| Ok(l.eval()?));
-    }
+    let result = decode_steps(model, pool, &mut seqs);
     seqs.iter_mut().for_each(|s| s.free(pool));
     result
+}
+
+/// [`warm_decode`]'s work over `seqs` (new, empty), which the caller frees whatever happens.
+fn decode_steps(model: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq]) -> Result<()> {
+    for (i, s) in seqs.iter_mut().enumerate() {
+        model
+            .forward(&ids(1 + usize::from(i == 0)), &mut s.store(pool))?
+            .eval()?;
+    }
+    let batch = seqs.len();
+    let logits = model.forward_batch(
+        &ids(batch),
+        &mut PagedBatch::new(seqs.iter_mut().collect(), pool),
+    )?;
+    let tokens = warm_draws(&logits, batch)?;
+    if batch > 1 {
+        let rest: Vec<i32> = (1..batch as i32).collect();
+        let ids = tokens.take_axis(mlx_rs::Array::from_slice(&rest, &[rest.len() as i32]), 0)?;
+        let mut kv = PagedBatch::new(seqs.iter_mut().skip(1).collect(), pool);
+        model.forward_step(&ids, &mut kv)?.eval()?;
+    }
+    Ok(())
 }
 
 /// A decode step of two rows, one `long` tokens (prefilled in chunks of `chunk`), one a token:
@@ -238,7 +237,7 @@ fn timed(what: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
 }
 
 /// Draws a step's tokens from `logits` (`[rows, vocab]`) greedily and sampled with every filter,
-/// so that the device's draw kernels are built too; the last draw's tokens (`[rows]`, u32).
+/// so that the device's draw kernels are built too; the sampled draw's tokens (`[rows]`, u32).
 fn warm_draws(logits: &mlx_rs::Array, rows: usize) -> Result<mlx_rs::Array> {
     use crate::batch_draw::{RowDraw, draw};
     let greedy = RowDraw::new(&Default::default(), 0.0);
@@ -249,11 +248,11 @@ fn warm_draws(logits: &mlx_rs::Array, rows: usize) -> Result<mlx_rs::Array> {
         min_p: 0.05,
         uniform: 0.5,
     };
-    let mut tokens = None;
-    for row in [greedy, sampled] {
+    let drawn = |row: RowDraw| -> Result<mlx_rs::Array> {
         let drawn = draw(logits, &vec![row; rows], true)?;
         mlx_rs::transforms::eval(drawn.logprobs.iter().chain([&drawn.tokens]))?;
-        tokens = Some(drawn.tokens);
-    }
-    tokens.ok_or_else(|| crate::EngineError::Internal("no draw was made".into()))
+        Ok(drawn.tokens)
+    };
+    drawn(greedy)?;
+    drawn(sampled)
 }
