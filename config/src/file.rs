@@ -178,6 +178,7 @@ pub fn is_valid(kind: Kind, text: &str) -> bool {
         Kind::Port => t.parse::<u16>().is_ok_and(|n| n >= 1),
         Kind::Number => t.parse::<f64>().is_ok_and(f64::is_finite),
         Kind::Whole => t.parse::<u64>().is_ok(),
+        Kind::WholeOrAuto => t == "auto" || t.parse::<u64>().is_ok(),
         Kind::Text | Kind::Secret => true,
     }
 }

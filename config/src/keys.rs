@@ -60,6 +60,8 @@ pub enum Kind {
     Number,
     /// A whole number ≥ 0.
     Whole,
+    /// A whole number ≥ 0 or `auto`.
+    WholeOrAuto,
     /// Free text.
     Text,
     /// Free text never printed (`config show` says whether it is set).
@@ -78,6 +80,7 @@ impl Kind {
             Kind::Port => "a TCP port (1-65535)",
             Kind::Number => "a number such as 0.7",
             Kind::Whole => "a whole number (0 or more)",
+            Kind::WholeOrAuto => "a whole number (0 or more), or \"auto\"",
             Kind::Text | Kind::Secret => "a string",
         }
     }
@@ -218,6 +221,13 @@ pub const KEYS: &[Key] = &[
         "MLXCEL_MAX_BATCH_SIZE",
         Some("8"),
         Count,
+    ),
+    key(
+        Daemon,
+        "warm-up-workers",
+        "MLXCEL_WARM_UP_WORKERS",
+        Some("auto"),
+        WholeOrAuto,
     ),
     key(
         Daemon,

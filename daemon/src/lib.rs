@@ -40,6 +40,7 @@ pub mod sampler;
 pub mod sampling_defaults;
 pub mod server;
 pub mod tokenizer;
+pub mod warm_workers;
 
 pub use loader::{Loaded, load, load_on, load_placed};
 mod loader;

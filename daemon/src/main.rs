@@ -14,6 +14,7 @@ use mlxcel_daemon::cache_client::{CacheClient, CacheClientConfig};
 use mlxcel_daemon::engine::{self, Command, EngineConfig};
 use mlxcel_daemon::sampling_defaults::OperatorDefaults;
 use mlxcel_daemon::server::{self, Shared};
+use mlxcel_daemon::warm_workers::{self, Machine, Share, Workers};
 use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
 use mlxcel_ipc::size::parse_size;
 use mlxcel_ipc::{Limits, socket};
@@ -122,6 +123,23 @@ struct Args {
     #[arg(long, env = "MLXCEL_LOG", default_value = "info")]
     log_level: String,
 
+    /// Processes that build a first start's GPU kernels in parallel before the daemon's own
+    /// warm-up, each loading the model and running a share of the warm-up's shapes: `auto`
+    /// starts up to 4 on a CUDA GPU when the kernel cache is empty (MLX's CUDA backend builds
+    /// kernels one at a time; a fresh machine's first start can take minutes), bounded by the
+    /// cores and half the device's free memory; a number starts that many on any device; 0 none.
+    #[arg(
+        long,
+        env = "MLXCEL_WARM_UP_WORKERS",
+        default_value = "auto",
+        value_name = "auto|N"
+    )]
+    warm_up_workers: Workers,
+
+    /// Internal: run as a warm-up worker, the jobs of share I of N, then exit.
+    #[arg(long, hide = true, value_name = "I/N")]
+    warm_up_share: Option<Share>,
+
     /// Instead of serving: write the model (a .gguf file) as an MLX / Hugging Face directory
     /// (float32 safetensors, config.json, tokenizer.json with the chat template) into DIR, for
     /// serving the same weights and tokenizer with another MLX server, then exit.
@@ -180,7 +198,7 @@ fn main() -> ExitCode {
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");
     }
-    let result = run(args);
+    let result = run(args, jit.as_ref().ok().copied());
     mlxcel_daemon::jit_cache::close();
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -192,7 +210,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: Args, cached_kernels: Option<usize>) -> Result<(), String> {
     let model = resolve_model(&args.model)?;
     if let Some(dir) = &args.export_mlx {
         return export(&model, dir);
@@ -201,10 +219,6 @@ fn run(args: Args) -> Result<(), String> {
         "auto" => None,
         s => Some(parse_size(s).map_err(|e| format!("--kv-pool-bytes: {e}"))?),
     };
-    let dir = RuntimeDir::new(args.socket_dir.as_deref());
-    dir.ensure().map_err(|e| e.to_string())?;
-    let daemon_socket = dir.socket(DAEMON_SOCKET).map_err(|e| e.to_string())?;
-    let cachemgr_socket = dir.socket(CACHEMGR_SOCKET).map_err(|e| e.to_string())?;
     let config = EngineConfig {
         model,
         block_tokens: args.block_tokens.max(1),
@@ -220,7 +234,19 @@ fn run(args: Args) -> Result<(), String> {
             min_p: args.default_min_p,
             repetition_penalty: args.default_repetition_penalty,
         },
+        warm_up_share: args.warm_up_share.unwrap_or_default(),
     };
+    if let Some(share) = args.warm_up_share {
+        let _span = tracing::info_span!("warm_up_worker", %share).entered();
+        return engine::warm_only(&config).map_err(|e| e.to_string());
+    }
+    let dir = RuntimeDir::new(args.socket_dir.as_deref());
+    dir.ensure().map_err(|e| e.to_string())?;
+    let daemon_socket = dir.socket(DAEMON_SOCKET).map_err(|e| e.to_string())?;
+    let cachemgr_socket = dir.socket(CACHEMGR_SOCKET).map_err(|e| e.to_string())?;
+    if let Some(cached_kernels) = cached_kernels {
+        start_warm_up_workers(args.warm_up_workers, &config, cached_kernels);
+    }
     tracing::info!(model = %config.model.display(), "loading the model");
     let (engine_tx, started, engine_thread) =
         engine::spawn(config.clone()).map_err(|e| e.to_string())?;
@@ -264,6 +290,36 @@ fn run(args: Args) -> Result<(), String> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Runs the warm-up workers `setting` asks for on this machine ([`warm_workers`]) and takes the
+/// kernels they built from the cache.
+fn start_warm_up_workers(setting: Workers, config: &EngineConfig, cached_kernels: usize) {
+    if setting == Workers::Exactly(0) {
+        return;
+    }
+    let Ok(placement) = mlxcel_daemon::device::Placement::choose(config.device) else {
+        return; // the engine reports it
+    };
+    let machine = Machine {
+        backend: placement.backend,
+        cached_kernels,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        weights_bytes: warm_workers::weights_bytes(&config.model),
+        free_bytes: mlxcel_daemon::device_memory::PoolMemory::of(&placement).usable,
+    };
+    let n = setting.count(machine);
+    if n == 0 {
+        return;
+    }
+    let done = warm_workers::run(n);
+    let kernels = mlxcel_daemon::jit_cache::reseed();
+    tracing::info!(
+        workers = n,
+        done,
+        kernels,
+        "warm-up workers done: compiled kernels taken from the cache"
+    );
 }
 
 /// `--export-mlx`: the GGUF model as a float32 MLX directory.

@@ -47,6 +47,23 @@ impl Daemon {
         Daemon(c.spawn().expect("start mlxcel-daemon"))
     }
 
+    /// Starts the daemon with `env` on top and its log (stderr) written to `log`, without
+    /// waiting.
+    pub fn spawn_logged(
+        dir: &Path,
+        model: &Path,
+        args: &[&str],
+        env: &[(&str, &Path)],
+        log: &Path,
+    ) -> Daemon {
+        let mut c = command(dir, model, args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.stderr(std::fs::File::create(log).expect("create the daemon's log"));
+        Daemon(c.spawn().expect("start mlxcel-daemon"))
+    }
+
     /// Waits until the daemon whose sockets are in `dir` answers; panics if it stops first.
     pub fn wait_listening(&mut self, dir: &Path) {
         let socket = dir.join("daemon.sock");

@@ -61,6 +61,8 @@ pub struct EngineConfig {
     pub device: crate::device::DeviceChoice,
     /// The operator's sampling defaults (the model's own settings come first).
     pub sampling: crate::sampling_defaults::OperatorDefaults,
+    /// The warm-up's jobs this process runs: all of them, or a warm-up worker's share.
+    pub warm_up_share: crate::warm_workers::Share,
 }
 
 /// The prefix the cache manager leased to a request.
@@ -128,6 +130,12 @@ pub struct Started {
     pub info: ModelInfo,
     pub geometry: Geometry,
     pub vitals: Vitals,
+}
+
+/// A warm-up worker's work ([`crate::warm_workers`]): loads the model as the daemon does and runs
+/// its share of the warm-up, whose kernels reach the cache.
+pub fn warm_only(config: &EngineConfig) -> Result<()> {
+    Engine::load(config).map(drop)
 }
 
 /// Starts the engine thread: loads the model, builds the pool, then serves commands.

@@ -57,6 +57,7 @@ impl Engine {
             &mut pool,
             config.prefill_chunk,
             config.max_running,
+            config.warm_up_share,
         )?;
         let prefill = match warmed.chunks {
             1 => format!("a {}-token prefill chunk", config.prefill_chunk),
@@ -70,10 +71,12 @@ impl Engine {
             [one] => format!("{one}-sequence decode steps (masked and not)"),
             sizes => format!("decode steps of {sizes:?} sequences (masked and not)"),
         };
-        tracing::info!(
-            warmup_ms = warmed.took.as_millis() as u64,
-            "warm-up done: {prefill} and {decode}"
-        );
+        let warmup_ms = warmed.took.as_millis() as u64;
+        if config.warm_up_share == crate::warm_workers::Share::WHOLE {
+            tracing::info!(warmup_ms, "warm-up done: {prefill} and {decode}");
+        } else {
+            tracing::info!(warmup_ms, "this worker's share of the warm-up done");
+        }
         if loaded.model.placement.keeps_step_buffers && warmed.step_bytes > 0 {
             // A step's freed buffers wait for the next step up to a prefill chunk's worth; the
             // rest goes back at once, and all of it when the engine goes idle.

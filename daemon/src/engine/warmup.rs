@@ -6,12 +6,14 @@
 //! waits on first-use costs (kernel builds on a GPU; BLAS work buffers and page faults on the
 //! CPU), and so the memory an idle daemon holds is what it holds after serving, not less.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::model::Model;
 use crate::paged::{OwnRead, PagedBatch, PagedChunks, PagedSeq};
 use crate::pool::BlockPool;
+use crate::warm_workers::Share;
 
 /// What a warm-up ran.
 #[derive(Debug, Clone)]
@@ -30,40 +32,60 @@ pub struct Warmed {
 
 /// Runs the prefill chunks the model asks for ([`Model::warm_up_chunks`],
 /// [`Model::warm_up_attention`]) and a decode step of `max_running` sequences, as far as the
-/// pool's ceiling allows; gives every block back.
+/// pool's ceiling allows; gives every block back. A warm-up worker runs only its `share` of
+/// these jobs ([`crate::warm_workers`]); the daemon all of them.
 pub fn run(
     model: &Model,
     pool: &mut BlockPool,
     prefill_chunk: usize,
     max_running: usize,
+    share: Share,
 ) -> Result<Warmed> {
     let started = Instant::now();
+    let jobs = Jobs {
+        share,
+        next: Cell::new(0),
+    };
     let bt = pool.shape().block_tokens;
     let blocks = pool.free_blocks() as usize;
     let room = blocks.saturating_sub(1) * bt;
-    let chunks = model.warm_up_chunks(prefill_chunk);
+    // The attention shapes first: on CUDA the first builds cuDNN's state, which their stage's
+    // time then shows apart from the chunks'.
+    let attention_shapes = if jobs.mine() {
+        stage("attention shapes", || {
+            model.warm_up_attention(prefill_chunk, room)
+        })?
+    } else {
+        0
+    };
+    let all_chunks = model.warm_up_chunks(prefill_chunk);
+    let chunks: Vec<usize> = all_chunks.iter().copied().filter(|_| jobs.mine()).collect();
     let what = match chunks.len() {
         1 => "a prefill chunk".to_string(),
         n => format!("{n} prefill chunk sizes"),
     };
-    // The attention shapes first: on CUDA the first builds cuDNN's state, which their stage's
-    // time then shows apart from the chunks'.
-    let attention_shapes = stage("attention shapes", || {
-        model.warm_up_attention(prefill_chunk, room)
-    })?;
-    let step_bytes = stage(&what, || warm_chunks(model, pool, &chunks, room))?;
-    if model.placement.gathers_prefill_keys {
+    let step_bytes = if chunks.is_empty() {
+        0
+    } else {
+        stage(&what, || warm_chunks(model, pool, &chunks, room))?
+    };
+    if model.placement.gathers_prefill_keys && jobs.mine() {
         stage("a prefill chunk reading gathered keys", || {
-            warm_gathered_chunk(model, pool, chunks.first().copied().unwrap_or(0).min(room))
+            warm_gathered_chunk(
+                model,
+                pool,
+                all_chunks.first().copied().unwrap_or(0).min(room),
+            )
         })?;
     }
     // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
     let most = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
-    let batches = if most > 0 {
+    let batches: Vec<usize> = if most > 0 {
         model.warm_up_batches(most)
     } else {
         Vec::new()
     };
+    let batches: Vec<usize> = batches.into_iter().filter(|_| jobs.mine()).collect();
     if !batches.is_empty() {
         let what = match batches.as_slice() {
             [one] => format!("{one}-sequence decode steps and draws"),
@@ -75,7 +97,9 @@ pub fn run(
                 .try_for_each(|&batch| warm_decode(model, pool, batch))
         })?;
     }
-    if let Some(long) = model.split_decode_from() {
+    if let Some(long) = model.split_decode_from()
+        && jobs.mine()
+    {
         stage("a decode step over split keys", || {
             warm_split_decode(model, pool, long, prefill_chunk)
         })?;
@@ -92,6 +116,21 @@ pub fn run(
         batches,
         step_bytes,
     })
+}
+
+/// The warm-up's jobs in order, and whether each is this process's ([`Share`]).
+struct Jobs {
+    share: Share,
+    next: Cell<usize>,
+}
+
+impl Jobs {
+    /// Whether the next job is this process's to run.
+    fn mine(&self) -> bool {
+        let job = self.next.get();
+        self.next.set(job + 1);
+        self.share.takes(job)
+    }
 }
 
 /// Runs `work`, publishes the kernels it built (a first start on a GPU can take minutes, and one
