@@ -15,7 +15,8 @@
 #   --test table_attention_cuda -p mlxcel-tests --test daemon_e2e --test pipelined_decode` built
 #   them). The test kit finds the
 #   binaries beside the test executable; the tests look for the checkout they were built in
-#   (it holds models/): BUILT_ROOT names it (default /work/main). BUILT_TARGET (default
+#   (it holds models/): BUILT_ROOT names it (default: the one gpu_stage.sh recorded, else
+#   /work/main). BUILT_TARGET (default
 #   /tmp/cudat/release) gets copies of the binaries too, for executables built before the kit
 #   looked beside itself.
 set -uo pipefail
@@ -23,7 +24,7 @@ set -uo pipefail
 STAGE="$1"
 OUT="$2"
 BUILT_TARGET="${BUILT_TARGET:-/tmp/cudat/release}"
-BUILT_ROOT="${BUILT_ROOT:-/work/main}"
+BUILT_ROOT="${BUILT_ROOT:-$(cat "$STAGE/built_root" 2>/dev/null || echo /work/main)}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 

@@ -125,7 +125,7 @@ struct Args {
 
     /// Processes that build a first start's GPU kernels in parallel before the daemon's own
     /// warm-up, each loading the model and running a share of the warm-up's shapes: `auto`
-    /// starts up to 4 on a CUDA GPU when the kernel cache is empty (MLX's CUDA backend builds
+    /// starts up to 8 on a CUDA GPU when the kernel cache is empty (MLX's CUDA backend builds
     /// kernels one at a time; a fresh machine's first start can take minutes), bounded by the
     /// cores and half the device's free memory; a number starts that many on any device; 0 none.
     #[arg(

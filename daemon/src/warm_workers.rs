@@ -16,9 +16,9 @@ use std::time::Instant;
 
 use crate::device::Backend;
 
-/// The most workers `auto` starts: kernels every job needs (norms, the first matmuls) are built
-/// by each worker again, so more buy less.
-const MOST_AUTO: usize = 4;
+/// The most workers `auto` starts: the kernels every job needs are built by each worker again,
+/// so more buy less.
+const MOST_AUTO: usize = 8;
 
 /// Which of the warm-up's jobs one process runs: every `of`-th, from `index`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,7 +239,7 @@ mod tests {
 
     #[test]
     fn auto_starts_workers_only_for_a_first_start_on_cuda_within_cores_and_memory() {
-        assert_eq!(Workers::Auto.count(cuda(0)), 4);
+        assert_eq!(Workers::Auto.count(cuda(0)), 8);
         assert_eq!(Workers::Auto.count(cuda(19)), 0, "kernels cached: none");
         let cpu = Machine {
             backend: Backend::Cpu,
@@ -269,7 +269,7 @@ mod tests {
             free_bytes: None,
             ..cuda(0)
         };
-        assert_eq!(Workers::Auto.count(unknown), 4);
+        assert_eq!(Workers::Auto.count(unknown), 8);
         assert_eq!(
             Workers::Exactly(3).count(Machine {
                 backend: Backend::Cpu,

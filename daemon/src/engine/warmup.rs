@@ -64,10 +64,16 @@ pub fn run(
         1 => "a prefill chunk".to_string(),
         n => format!("{n} prefill chunk sizes"),
     };
-    let step_bytes = if chunks.is_empty() {
-        0
-    } else {
+    let step_bytes = if share == Share::WHOLE {
         stage(&what, || warm_chunks(model, pool, &chunks, room))?
+    } else {
+        // A worker's chunks one stage each: what one builds reaches the other workers sooner.
+        let mut most = 0;
+        for &c in &chunks {
+            let what = format!("a {c}-token prefill chunk");
+            most = most.max(stage(&what, || warm_chunks(model, pool, &[c], room))?);
+        }
+        most
     };
     if model.placement.gathers_prefill_keys && jobs.mine() {
         stage("a prefill chunk reading gathered keys", || {
@@ -133,10 +139,12 @@ impl Jobs {
     }
 }
 
-/// Runs `work`, publishes the kernels it built (a first start on a GPU can take minutes, and one
+/// Takes the kernels other processes published, runs `work`, publishes the kernels it built (a first start on a GPU can take minutes, and one
 /// cut short, by a supervisor's timeout or Ctrl-C, leaves the next start less to build) and logs
 /// what it took: a long warm-up says where its time goes.
 fn stage<T>(what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    // What other processes (warm-up workers) built meanwhile is then not built again here.
+    crate::jit_cache::reseed();
     let started = Instant::now();
     let out = work();
     let built = crate::jit_cache::publish();
