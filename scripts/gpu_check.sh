@@ -24,7 +24,7 @@ set -uo pipefail
 STAGE="$1"
 OUT="$2"
 BUILT_TARGET="${BUILT_TARGET:-/tmp/cudat/release}"
-BUILT_ROOT="${BUILT_ROOT:-$(cat "$STAGE/built_root" 2>/dev/null || echo /work/main)}"
+BUILT_ROOT="${BUILT_ROOT:-$(cat "$STAGE/bin/built_root" 2>/dev/null || echo /work/main)}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 

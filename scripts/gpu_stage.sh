@@ -53,7 +53,7 @@ tok="$REPO/models/SmolLM2-135M-Instruct-mlx"
 [ -f "$tok/tokenizer.json" ] || { say "no $tok: run \`make bench-setup\` first"; exit 1; }
 cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$tok"/config.json "$WORK/bin/tokenizer/"
 # The test executables look for the checkout they were built in (gpu_check.sh's BUILT_ROOT).
-echo "$TREE" > "$WORK/bin/built_root"
+echo "$TREE" > "$WORK/bin/bin/built_root"
 tar cf - -C "$WORK/bin" . | xz -T0 -6 > "$WORK/bins.tar.xz"
 
 gguf="$REPO/models/SmolLM2-135M-Instruct.Q4_1.gguf"
