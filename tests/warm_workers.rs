@@ -1,5 +1,5 @@
 //! Warm-up workers (`--warm-up-workers`): on an empty kernel cache the daemon starts copies of
-//! itself that each run a share of the warm-up, takes the kernels they built from the cache, and
+//! itself that each run a share of the warm-up (its prefill part, then its decode part), takes the kernels they built from the cache, and
 //! its own warm-up builds none of them; then it serves. `auto` starts them only on a CUDA GPU
 //! (where the GPU check's first daemon start runs them); here two are asked for on the CPU,
 //! whose MLX compiles its fused kernels with the C++ compiler and caches them the same way.
@@ -38,13 +38,13 @@ async fn workers_build_a_first_starts_kernels_and_the_daemon_builds_none_of_them
     assert_eq!(tokens_until_done(&mut c, 1).await.len(), 4);
 
     let text = std::fs::read_to_string(&log).unwrap();
-    for share in ["0/2", "1/2"] {
+    for share in ["prefill:0/2", "prefill:1/2", "decode:0/2", "decode:1/2"] {
         assert!(
             text.contains(&format!("warm-up worker done share={share}")),
             "worker {share} did not finish:\n{text}"
         );
     }
-    assert!(text.contains("workers=2 done=2"), "{text}");
+    assert!(text.contains("workers=2 done=4"), "{text}");
     let (workers, daemon): (Vec<&str>, Vec<&str>) =
         text.lines().partition(|l| l.contains("warm_up_worker{"));
     assert!(

@@ -136,8 +136,9 @@ struct Args {
     )]
     warm_up_workers: Workers,
 
-    /// Internal: run as a warm-up worker, the jobs of share I of N, then exit.
-    #[arg(long, hide = true, value_name = "I/N")]
+    /// Internal: run as a warm-up worker, the jobs of share I of N of the warm-up's PART
+    /// (prefill or decode), then exit.
+    #[arg(long, hide = true, value_name = "PART:I/N")]
     warm_up_share: Option<Share>,
 
     /// Instead of serving: write the model (a .gguf file) as an MLX / Hugging Face directory

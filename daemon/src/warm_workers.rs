@@ -4,10 +4,11 @@
 //! time: on a fresh H100 the default model's warm-up built 19 kernels in 226 s, one CPU core
 //! busy and the GPU idle. Kernels land in the shared cache ([`crate::jit_cache`]) whichever
 //! process built them, so before its own warm-up a daemon whose cache is empty starts a few
-//! copies of itself (`--warm-up-share I/N`), each loading the model and running every N-th job
-//! of the warm-up ([`Share`]), waits for them, takes their kernels from the cache and then runs
-//! the whole warm-up itself, which builds only what they left. A worker that fails costs
-//! nothing but its time: the daemon's own warm-up builds what it missed.
+//! copies of itself (`--warm-up-share PART:I/N`), each loading the model and running every N-th
+//! job of the warm-up's prefill part ([`Share`]), taking what the others published before each
+//! job; then as many for its decode part ([`Part`]). It waits for them, takes their kernels from
+//! the cache and runs the whole warm-up itself, which builds only what they left. A worker that
+//! fails costs nothing but its time: the daemon's own warm-up builds what it missed.
 
 use std::fmt;
 use std::path::Path;
@@ -20,18 +21,43 @@ use crate::device::Backend;
 /// so more buy less.
 const MOST_AUTO: usize = 8;
 
-/// Which of the warm-up's jobs one process runs: every `of`-th, from `index`.
+/// The warm-up's two parts. Workers run the prefill part first, all of them, then the decode
+/// part: a decode job prefills its rows too, and then finds the prefill part's kernels cached
+/// instead of building them again beside the worker that builds them (on a fresh H100, one
+/// worker's 1-row decode job spent 52 s building the quantized matmuls another was building).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// Both (the daemon's own warm-up).
+    Whole,
+    /// The attention shapes and prefill chunks.
+    Prefill,
+    /// The decode steps.
+    Decode,
+}
+
+/// Which of the warm-up's jobs one process runs: of `part`'s, every `of`-th, from `index`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Share {
+    pub part: Part,
     pub index: usize,
     pub of: usize,
 }
 
 impl Share {
     /// All of them (the daemon's own warm-up).
-    pub const WHOLE: Share = Share { index: 0, of: 1 };
+    pub const WHOLE: Share = Share {
+        part: Part::Whole,
+        index: 0,
+        of: 1,
+    };
 
-    /// Whether job number `job` (counted from 0 in the warm-up's order) is this share's.
+    /// Whether this share runs jobs of `part`.
+    pub fn runs(self, part: Part) -> bool {
+        self.part == Part::Whole || self.part == part
+    }
+
+    /// Whether job number `job` of a part it runs (counted from 0 in the warm-up's order) is
+    /// this share's.
     pub fn takes(self, job: usize) -> bool {
         job % self.of.max(1) == self.index
     }
@@ -45,21 +71,34 @@ impl Default for Share {
 
 impl fmt::Display for Share {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.index, self.of)
+        let part = match self.part {
+            Part::Whole => "whole",
+            Part::Prefill => "prefill",
+            Part::Decode => "decode",
+        };
+        write!(f, "{part}:{}/{}", self.index, self.of)
     }
 }
 
 impl std::str::FromStr for Share {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("`{s}` is not a warm-up share such as 0/4 (index/workers)");
-        let (index, of) = s.split_once('/').ok_or_else(bad)?;
+        let bad =
+            || format!("`{s}` is not a warm-up share such as prefill:0/4 (part:index/workers)");
+        let (part, share) = s.split_once(':').ok_or_else(bad)?;
+        let part = match part {
+            "whole" => Part::Whole,
+            "prefill" => Part::Prefill,
+            "decode" => Part::Decode,
+            _ => return Err(bad()),
+        };
+        let (index, of) = share.split_once('/').ok_or_else(bad)?;
         let (index, of) = (
             index.parse().map_err(|_| bad())?,
             of.parse().map_err(|_| bad())?,
         );
         if index < of {
-            Ok(Share { index, of })
+            Ok(Share { part, index, of })
         } else {
             Err(bad())
         }
@@ -138,13 +177,15 @@ pub fn weights_bytes(model: &Path) -> u64 {
         .sum()
 }
 
-/// Starts `n` workers (this executable with this process's arguments and `--warm-up-share
-/// i/n`), waits for all of them and logs how each ended. Returns how many finished cleanly.
+/// Runs the warm-up's prefill part, then its decode part, each in `n` workers (this executable
+/// with this process's arguments and `--warm-up-share PART:I/N`), and logs how each ended.
+/// Returns how many finished cleanly, of `2 * n`.
 pub fn run(n: usize) -> usize {
     let started = Instant::now();
     tracing::info!(
         workers = n,
-        "warm-up: {n} workers build kernels in parallel before the daemon's own warm-up"
+        "warm-up: {n} workers build kernels in parallel before the daemon's own warm-up \
+         (prefill, then decode)"
     );
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
@@ -154,32 +195,35 @@ pub fn run(n: usize) -> usize {
         }
     };
     let args: Vec<_> = std::env::args_os().skip(1).collect();
-    let mut children: Vec<(Share, Child)> = Vec::new();
-    for index in 0..n {
-        let share = Share { index, of: n };
-        let mut c = Command::new(&exe);
-        c.args(&args)
-            .arg("--warm-up-share")
-            .arg(share.to_string())
-            .stdin(Stdio::null());
-        end_with_parent(&mut c);
-        match c.spawn() {
-            Ok(child) => children.push((share, child)),
-            Err(e) => tracing::warn!(%share, error = %e, "cannot start a warm-up worker"),
-        }
-    }
     let mut clean = 0;
-    for (share, mut child) in children {
-        match child.wait() {
-            Ok(status) if status.success() => {
-                clean += 1;
-                tracing::info!(%share, ms = started.elapsed().as_millis() as u64, "warm-up worker done");
+    for part in [Part::Prefill, Part::Decode] {
+        let mut children: Vec<(Share, Child)> = Vec::new();
+        for index in 0..n {
+            let share = Share { part, index, of: n };
+            let mut c = Command::new(&exe);
+            c.args(&args)
+                .arg("--warm-up-share")
+                .arg(share.to_string())
+                .stdin(Stdio::null());
+            end_with_parent(&mut c);
+            match c.spawn() {
+                Ok(child) => children.push((share, child)),
+                Err(e) => tracing::warn!(%share, error = %e, "cannot start a warm-up worker"),
             }
-            Ok(status) => tracing::warn!(
-                %share, %status,
-                "a warm-up worker failed; the daemon's own warm-up builds what it left"
-            ),
-            Err(e) => tracing::warn!(%share, error = %e, "lost a warm-up worker"),
+        }
+        for (share, mut child) in children {
+            match child.wait() {
+                Ok(status) if status.success() => {
+                    clean += 1;
+                    let ms = started.elapsed().as_millis() as u64;
+                    tracing::info!(%share, ms, "warm-up worker done");
+                }
+                Ok(status) => tracing::warn!(
+                    %share, %status,
+                    "a warm-up worker failed; the daemon's own warm-up builds what it left"
+                ),
+                Err(e) => tracing::warn!(%share, error = %e, "lost a warm-up worker"),
+            }
         }
     }
     clean
@@ -219,7 +263,7 @@ mod tests {
 
     #[test]
     fn shares_split_the_jobs_between_them_and_bad_ones_are_refused() {
-        let shares: Vec<Share> = ["0/3", "1/3", "2/3"]
+        let shares: Vec<Share> = ["prefill:0/3", "prefill:1/3", "prefill:2/3"]
             .iter()
             .map(|s| s.parse().unwrap())
             .collect();
@@ -230,9 +274,24 @@ mod tests {
                 "job {job}"
             );
         }
+        assert!(shares[0].runs(Part::Prefill) && !shares[0].runs(Part::Decode));
+        let decode: Share = "decode:1/2".parse().unwrap();
+        assert!(decode.runs(Part::Decode) && !decode.runs(Part::Prefill));
         assert!(Share::WHOLE.takes(7));
-        assert_eq!(shares[2].to_string(), "2/3");
-        for bad in ["3/3", "0/0", "1", "a/2", "-1/2", ""] {
+        assert!(Share::WHOLE.runs(Part::Prefill) && Share::WHOLE.runs(Part::Decode));
+        for share in [shares[2], decode, Share::WHOLE] {
+            assert_eq!(share.to_string().parse(), Ok(share));
+        }
+        for bad in [
+            "prefill:3/3",
+            "decode:0/0",
+            "1/2",
+            "other:0/2",
+            "prefill:1",
+            "prefill:a/2",
+            "prefill:-1/2",
+            "",
+        ] {
             assert!(bad.parse::<Share>().is_err(), "{bad}");
         }
     }

@@ -13,7 +13,7 @@ use crate::Result;
 use crate::model::Model;
 use crate::paged::{OwnRead, PagedBatch, PagedChunks, PagedSeq};
 use crate::pool::BlockPool;
-use crate::warm_workers::Share;
+use crate::warm_workers::{Part, Share};
 
 /// What a warm-up ran.
 #[derive(Debug, Clone)]
@@ -42,10 +42,7 @@ pub fn run(
     share: Share,
 ) -> Result<Warmed> {
     let started = Instant::now();
-    let jobs = Jobs {
-        share,
-        next: Cell::new(0),
-    };
+    let jobs = Jobs::of(share, Part::Prefill);
     let bt = pool.shape().block_tokens;
     let blocks = pool.free_blocks() as usize;
     let room = blocks.saturating_sub(1) * bt;
@@ -84,6 +81,7 @@ pub fn run(
             )
         })?;
     }
+    let jobs = Jobs::of(share, Part::Decode);
     // Each row ends at 3 tokens (the first row's 2 and a step; the others' 1 and two steps).
     let most = max_running.min(pool.free_blocks() as usize / 3usize.div_ceil(bt));
     let batches: Vec<usize> = if most > 0 {
@@ -124,18 +122,27 @@ pub fn run(
     })
 }
 
-/// The warm-up's jobs in order, and whether each is this process's ([`Share`]).
+/// A part of the warm-up's jobs in order, and whether each is this process's ([`Share`]).
 struct Jobs {
     share: Share,
+    part: Part,
     next: Cell<usize>,
 }
 
 impl Jobs {
+    fn of(share: Share, part: Part) -> Jobs {
+        Jobs {
+            share,
+            part,
+            next: Cell::new(0),
+        }
+    }
+
     /// Whether the next job is this process's to run.
     fn mine(&self) -> bool {
         let job = self.next.get();
         self.next.set(job + 1);
-        self.share.takes(job)
+        self.share.runs(self.part) && self.share.takes(job)
     }
 }
 
