@@ -146,9 +146,10 @@ impl Jobs {
     }
 }
 
-/// Takes the kernels other processes published, runs `work`, publishes the kernels it built (a first start on a GPU can take minutes, and one
-/// cut short, by a supervisor's timeout or Ctrl-C, leaves the next start less to build) and logs
-/// what it took: a long warm-up says where its time goes.
+/// Takes the kernels other processes published, runs `work`, publishes the kernels it built (a
+/// first start on a GPU can take minutes, and one cut short, by a supervisor's timeout or
+/// Ctrl-C, leaves the next start less to build) and logs what it took: a long warm-up says
+/// where its time goes.
 fn stage<T>(what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
     // What other processes (warm-up workers) built meanwhile is then not built again here.
     crate::jit_cache::reseed();
