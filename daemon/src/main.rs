@@ -126,8 +126,9 @@ struct Args {
     /// Processes that build a first start's GPU kernels in parallel before the daemon's own
     /// warm-up, each loading the model and running a share of the warm-up's shapes: `auto`
     /// starts up to 8 on a CUDA GPU when the kernel cache is empty (MLX's CUDA backend builds
-    /// kernels one at a time; a fresh machine's first start can take minutes), bounded by the
-    /// cores and half the device's free memory; a number starts that many on any device; 0 none.
+    /// kernels one at a time; a fresh machine's first start can take minutes), at most half the
+    /// cores and as many copies of the weights as fit in half the device's free memory; a
+    /// number starts that many on any device; 0 none.
     #[arg(
         long,
         env = "MLXCEL_WARM_UP_WORKERS",
