@@ -1,11 +1,12 @@
 //! Warm-up workers (`--warm-up-workers`): on an empty kernel cache the daemon starts copies of
-//! itself that each run a share of the warm-up (its prefill part, then its decode part), takes the kernels they built from the cache, and
-//! its own warm-up builds none of them; then it serves. `auto` starts them only on a CUDA GPU
-//! (where the GPU check's first daemon start runs them); here two are asked for on the CPU,
-//! whose MLX compiles its fused kernels with the C++ compiler and caches them the same way.
+//! itself that each run a share of the warm-up (its prefill part, then its decode part), takes
+//! the kernels they built from the cache, and its own warm-up builds none of them; then it
+//! serves. `auto` starts them only on a CUDA GPU (where the GPU check's first daemon start runs
+//! them); here two are asked for on the CPU, whose MLX compiles its fused kernels with the C++
+//! compiler and caches them the same way.
 
 use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate, run_to_exit, tokens_until_done};
-use mlxcel_tests::root;
+use mlxcel_tests::{compiles_cpu_kernels, default_model};
 
 /// The sum of `kernels_built=N` over `lines`.
 fn kernels_built<'a>(lines: impl Iterator<Item = &'a str>) -> usize {
@@ -25,7 +26,7 @@ async fn workers_build_a_first_starts_kernels_and_the_daemon_builds_none_of_them
         tmp.path().join("daemon.log"),
     );
     std::fs::create_dir_all(&dir).unwrap();
-    let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let model = default_model();
     let args = ["--kv-pool-bytes", "64MiB", "--warm-up-workers", "2"];
     let env = [("XDG_CACHE_HOME", cache.as_path())];
     let mut d = Daemon::spawn_logged(&dir, &model, &args, &env, &log);
@@ -48,10 +49,10 @@ async fn workers_build_a_first_starts_kernels_and_the_daemon_builds_none_of_them
     let (workers, daemon): (Vec<&str>, Vec<&str>) =
         text.lines().partition(|l| l.contains("warm_up_worker{"));
     assert!(
-        kernels_built(daemon.iter().copied()) == 0 || !compiles_kernels(),
+        kernels_built(daemon.iter().copied()) == 0 || !compiles_cpu_kernels(),
         "the daemon built kernels its workers should have:\n{text}"
     );
-    if compiles_kernels() {
+    if compiles_cpu_kernels() {
         assert!(
             kernels_built(workers.iter().copied()) > 0,
             "the workers built nothing:\n{text}"
@@ -61,19 +62,10 @@ async fn workers_build_a_first_starts_kernels_and_the_daemon_builds_none_of_them
     }
 }
 
-/// MLX compiles CPU kernels only where it finds a C++ compiler (`make setup` installs g++).
-fn compiles_kernels() -> bool {
-    let compiler = std::process::Command::new("g++")
-        .arg("--version")
-        .output()
-        .is_ok();
-    cfg!(target_os = "linux") && compiler
-}
-
 #[test]
 fn a_bad_worker_count_is_refused_before_the_model_loads() {
     let tmp = mlxcel_tests::temp_dir("mxw");
-    let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let model = default_model();
     let out = run_to_exit(tmp.path(), &model, &["--warm-up-workers", "many"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -167,12 +167,10 @@ pub fn weights_bytes(model: &Path) -> u64 {
     if meta.is_file() {
         return meta.len();
     }
-    std::fs::read_dir(model)
+    crate::model::safetensors::weight_files(model)
         .into_iter()
         .flatten()
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-        .filter_map(|e| e.metadata().ok())
+        .filter_map(|f| std::fs::metadata(f).ok())
         .map(|m| m.len())
         .sum()
 }

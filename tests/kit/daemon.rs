@@ -29,6 +29,15 @@ fn command(dir: &Path, model: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// [`command`] with `env` on top.
+fn with_env(dir: &Path, model: &Path, args: &[&str], env: &[(&str, &Path)]) -> Command {
+    let mut c = command(dir, model, args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
 impl Daemon {
     /// Starts the daemon on `model` with `args` and waits until its socket answers (the model
     /// loaded). Panics with its exit status if it stops first.
@@ -40,15 +49,14 @@ impl Daemon {
 
     /// Starts the daemon with `env` on top, without waiting.
     pub fn spawn(dir: &Path, model: &Path, args: &[&str], env: &[(&str, &Path)]) -> Daemon {
-        let mut c = command(dir, model, args);
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        Daemon(c.spawn().expect("start mlxcel-daemon"))
+        Daemon(
+            with_env(dir, model, args, env)
+                .spawn()
+                .expect("start mlxcel-daemon"),
+        )
     }
 
-    /// Starts the daemon with `env` on top and its log (stderr) written to `log`, without
-    /// waiting.
+    /// [`Daemon::spawn`], its log (stderr) written to `log`.
     pub fn spawn_logged(
         dir: &Path,
         model: &Path,
@@ -56,10 +64,7 @@ impl Daemon {
         env: &[(&str, &Path)],
         log: &Path,
     ) -> Daemon {
-        let mut c = command(dir, model, args);
-        for (k, v) in env {
-            c.env(k, v);
-        }
+        let mut c = with_env(dir, model, args, env);
         c.stderr(std::fs::File::create(log).expect("create the daemon's log"));
         Daemon(c.spawn().expect("start mlxcel-daemon"))
     }

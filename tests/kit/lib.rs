@@ -55,6 +55,16 @@ pub fn default_model() -> PathBuf {
     root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
+/// Whether MLX compiles CPU kernels here (and caches them): only on Linux where it finds a C++
+/// compiler (`make setup` installs g++).
+pub fn compiles_cpu_kernels() -> bool {
+    let compiler = std::process::Command::new("g++")
+        .arg("--version")
+        .output()
+        .is_ok();
+    cfg!(target_os = "linux") && compiler
+}
+
 /// The engine's golden fixtures (prompts rendered by the reference template engine, token ids).
 pub fn fixtures() -> Value {
     let path = root().join("daemon/tests/fixtures/smollm2_golden.json");

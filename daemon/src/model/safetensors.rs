@@ -3,7 +3,7 @@
 //! `tokenizer_config.json`.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use mlx_rs::Array;
 use serde::Deserialize;
@@ -106,12 +106,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Weights)> {
         rope_traditional: false,
     };
     config.validate(&shown)?;
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| err(e.to_string()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
+    let files = weight_files(dir).map_err(|e| err(e.to_string()))?;
     if files.is_empty() {
         return Err(err("no *.safetensors files".into()));
     }
@@ -134,4 +129,14 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Weights)> {
         );
     }
     Ok((config, Weights::new(tensors, &shown, group_size)))
+}
+
+/// A model directory's `*.safetensors` files, sorted.
+pub fn weight_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
