@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: check-macos check-cuda-kernels setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: check-macos check-cuda setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -23,21 +23,24 @@ serve: setup
 
 ## test: formatting, lints (warnings are errors), the macOS type check, every CUDA kernel compiled
 ## by NVRTC (no GPU needed), then every test in the workspace.
-test: test-setup lint check-macos check-cuda-kernels
+test: test-setup lint check-macos check-cuda
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
 check-macos:
 	CARGO=$(CARGO) bash scripts/check_macos.sh
 
-## check-cuda-kernels: every custom CUDA kernel's source, as MLX writes it, compiled for H100/H200
-## (sm_90a) with NVRTC from PyPI: a kernel that would not compile on a GPU fails here.
-check-cuda-kernels: test-setup
+## check-cuda: the CUDA backend without a GPU: every custom kernel's source, as MLX writes it,
+## compiled for H100/H200 (sm_90a) with NVRTC from PyPI (a kernel that would not compile on a GPU
+## fails here), and CUDA's padded formulation checked against the CPU's on MLX's CPU reference.
+check-cuda: test-setup
 	CARGO=$(CARGO) bash scripts/cuda_kernel_check.sh
+	$(CARGO) test -p mlxcel-daemon --features cuda --test gpu_formulation --test packed_prefill
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p mlxcel-daemon --all-targets --features cuda -- -D warnings
 
 build: setup
 	$(CARGO) build --release --workspace --bins

@@ -7,7 +7,8 @@
 #   1. MLX's CUDA wheel (the version setup.sh pins for MLXCEL_BACKEND=cuda): its headers and
 #      libmlx.so, which holds MLX's device headers; NVRTC and the CUDA runtime's headers from
 #      PyPI (pinned). All under build/kernel-check, fetched once.
-#   2. tests/kernel_sources.rs with MLXCEL_KERNEL_SOURCES: each kernel's source as MLX writes it.
+#   2. tests/kernel_sources.rs with MLXCEL_KERNEL_SOURCES: each kernel's source as MLX writes it
+#      (the daemon built with its `cuda` feature: the CUDA backend on this machine's MLX).
 #   3. scripts/cuda_kernel_check.py: NVRTC on each, to SASS for ARCHS (default sm_90a).
 # Linux x86-64 only (the wheels are); elsewhere it says so and passes.
 set -euo pipefail
@@ -49,7 +50,8 @@ fi
 sources="$DIR/sources"
 rm -rf "$sources"
 say "writing each kernel's source (tests/kernel_sources.rs)"
-MLXCEL_KERNEL_SOURCES="$sources" "${CARGO:-cargo}" test -q -p mlxcel-daemon --test kernel_sources
+MLXCEL_KERNEL_SOURCES="$sources" "${CARGO:-cargo}" test -q -p mlxcel-daemon --features cuda \
+  --test kernel_sources
 # shellcheck disable=SC2086
 python3 "$ROOT/scripts/cuda_kernel_check.py" "$sources" "$DIR/mlx-$mlx_version/mlx" \
   "$DIR/nvidia-$NVRTC_VERSION/nvidia" $ARCHS

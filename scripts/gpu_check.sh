@@ -7,13 +7,11 @@
 # Usage: gpu_check.sh STAGE OUT
 #   STAGE (scripts/gpu_stage.sh + gpu_unstage.sh make one) holds site/ (MLX unpacked) or mlx.whl
 #   (mlx-cuda-13, the version setup pins), model.gguf (the default model) and
-#   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden`, `few_rows_cuda`, `rope_kv_cuda`,
-#   `attention_cuda`,
+#   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden`, `few_rows_cuda`, `attention_cuda`,
 #   `table_attention_cuda`, `daemon_e2e` and `pipelined_decode` test executables, as `cargo test
-#   --release --no-run -p mlxcel-daemon --test golden --test few_rows_cuda --test rope_kv_cuda
-#   --test attention_cuda
-#   --test table_attention_cuda -p mlxcel-tests --test daemon_e2e --test pipelined_decode` built
-#   them). The test kit finds the
+#   --release --no-run --features mlxcel-daemon/cuda -p mlxcel-daemon --test golden --test
+#   few_rows_cuda --test attention_cuda --test table_attention_cuda -p mlxcel-tests --test
+#   daemon_e2e --test pipelined_decode` built them). The test kit finds the
 #   binaries beside the test executable; the tests look for the checkout they were built in
 #   (it holds models/): BUILT_ROOT names it (default: the one gpu_stage.sh recorded, else
 #   /work/main). BUILT_TARGET (default
@@ -60,7 +58,6 @@ printf '{"temperature": 0.2, "top_p": 0.9}\n' > "$BUILT_ROOT/models/SmolLM2-135M
 status=0
 "$STAGE/bin/golden" --test-threads 1 --nocapture > "$OUT/golden.log" 2>&1 || status=1
 "$STAGE/bin/few_rows_cuda" --test-threads 1 --nocapture > "$OUT/few_rows_cuda.log" 2>&1 || status=1
-"$STAGE/bin/rope_kv_cuda" --test-threads 1 --nocapture > "$OUT/rope_kv_cuda.log" 2>&1 || status=1
 "$STAGE/bin/attention_cuda" --test-threads 1 --nocapture > "$OUT/attention_cuda.log" 2>&1 || status=1
 "$STAGE/bin/table_attention_cuda" --test-threads 1 --nocapture > "$OUT/table_attention_cuda.log" 2>&1 || status=1
 # The daemon alone: which backend, how long loading and warm-up took, until it listens.
@@ -79,7 +76,6 @@ wait "$pid" 2>/dev/null
 "$STAGE/bin/daemon_e2e" --test-threads 1 > "$OUT/daemon_e2e.log" 2>&1 || status=1
 "$STAGE/bin/pipelined_decode" --test-threads 1 > "$OUT/pipelined_decode.log" 2>&1 || status=1
 grep -h -E "^test |test result|golden: on|skipped" "$OUT"/golden.log "$OUT"/few_rows_cuda.log \
-  "$OUT"/rope_kv_cuda.log \
   "$OUT"/attention_cuda.log "$OUT"/table_attention_cuda.log \
   "$OUT"/daemon_e2e.log "$OUT"/pipelined_decode.log
 grep -E "backend|warm|listening" "$OUT/daemon_startup.log" | head -5

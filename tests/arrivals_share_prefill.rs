@@ -1,9 +1,7 @@
 //! Requests that arrive while the engine is busy are prefilled together: a step computes the
 //! chunks of every sequence it prefills in one forward pass (the daemon's counts show a pass
-//! with more than one chunk), and each request still gets its golden tokens, with passes waited
-//! for one by one (the default) or queued (`MLXCEL_QUEUED_PREFILL=1`, an experiment).
+//! with more than one chunk), and each request still gets its golden tokens.
 
-use std::path::Path;
 use std::time::Duration;
 
 use mlxcel_tests::daemon::{Daemon, frontend, greedy_generate, health, replies};
@@ -11,19 +9,9 @@ use mlxcel_tests::{fixtures, ids, root};
 
 #[tokio::test]
 async fn arrivals_share_prefill_passes_and_keep_their_golden_tokens() {
-    arrivals_share_passes(&[], false).await;
-}
-
-#[tokio::test]
-async fn queued_passes_shared_by_arrivals_keep_their_golden_tokens() {
-    arrivals_share_passes(&[("MLXCEL_QUEUED_PREFILL", Path::new("1"))], true).await;
-}
-
-/// `queued`: whether `env` makes the daemon queue its passes.
-async fn arrivals_share_passes(env: &[(&str, &Path)], queued: bool) {
     let dir = mlxcel_tests::temp_dir("mxa");
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let mut d = Daemon::spawn(dir.path(), &model, &["--kv-pool-bytes", "512MiB"], env);
+    let mut d = Daemon::spawn(dir.path(), &model, &["--kv-pool-bytes", "512MiB"], &[]);
     d.wait_listening(dir.path());
     let mut c = frontend(dir.path()).await;
     let chats = fixtures()["chats"].as_array().expect("chats").clone();
@@ -57,6 +45,4 @@ async fn arrivals_share_passes(env: &[(&str, &Path)], queued: bool) {
     );
     // The long prompt's last chunk and the first arrival share a pass at least.
     assert!(chunks > passes, "{chunks} chunks in {passes} passes");
-    let want_queued = if queued { after.prefill_passes } else { 0 };
-    assert_eq!(after.prefill_passes_queued, want_queued, "{after:?}");
 }

@@ -1,11 +1,8 @@
 //! The decode step is pipelined: each step is queued on the tokens the step before drew on the
 //! device, before they are read. A request whose drawn token is a stop token ends there (the
 //! step computed for it after that token sends nothing), rows sampled on the host (penalties)
-//! share the batch with drawn rows, and every request keeps its golden tokens. The same holds
-//! with prefill passes queued and first tokens drawn with them (`MLXCEL_QUEUED_PREFILL=1`, an
-//! experiment off by default everywhere).
+//! share the batch with drawn rows, and every request keeps its golden tokens.
 
-use std::path::Path;
 use std::time::Duration;
 
 use mlxcel_ipc::proto::daemon::{FinishReason, FrontendToDaemon, Sampling};
@@ -25,19 +22,9 @@ fn with(
 
 #[tokio::test]
 async fn a_stop_token_mid_batch_ends_its_request_and_host_rows_mix_with_drawn_rows() {
-    stop_tokens_and_host_rows(&[], false).await;
-}
-
-#[tokio::test]
-async fn the_same_with_prefill_passes_queued_and_first_tokens_drawn() {
-    stop_tokens_and_host_rows(&[("MLXCEL_QUEUED_PREFILL", Path::new("1"))], true).await;
-}
-
-/// `queued`: whether `env` makes the daemon queue its prefill passes.
-async fn stop_tokens_and_host_rows(env: &[(&str, &Path)], queued: bool) {
     let dir = mlxcel_tests::temp_dir("mxp");
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let mut d = Daemon::spawn(dir.path(), &model, &["--kv-pool-bytes", "256MiB"], env);
+    let mut d = Daemon::spawn(dir.path(), &model, &["--kv-pool-bytes", "256MiB"], &[]);
     d.wait_listening(dir.path());
     let mut c = frontend(dir.path()).await;
     let chats = fixtures()["chats"].as_array().expect("chats").clone();
@@ -99,8 +86,6 @@ async fn stop_tokens_and_host_rows(env: &[(&str, &Path)], queued: bool) {
         let h = health(&mut c).await;
         assert!(h.steps.decode_steps > 0);
         if h.pool.free_blocks + h.pool.cache_blocks == h.pool.total_blocks {
-            let want_queued = if queued { h.steps.prefill_passes } else { 0 };
-            assert_eq!(h.steps.prefill_passes_queued, want_queued, "{:?}", h.steps);
             break;
         }
         assert!(

@@ -19,50 +19,36 @@ use crate::server::ServerConfig;
 #[derive(Debug, Parser)]
 #[command(name = "mlxcel-cachemgr", version, about, long_about)]
 pub struct Args {
-    /// Directory for the sockets (default: $XDG_RUNTIME_DIR/mlxcel, else /tmp/mlxcel-<uid>).
     #[arg(long, env = "MLXCEL_SOCKET_DIR", value_name = "DIR")]
     pub socket_dir: Option<PathBuf>,
 
-    /// Cap on real bytes held for the cache (retained + being released), e.g. 512MiB, 2GiB.
     #[arg(long, alias = "cache-capacity", env = "MLXCEL_CACHE_CAPACITY", default_value = "2GiB", value_parser = parse_size, value_name = "SIZE")]
     pub capacity_bytes: u64,
 
-    /// Optional cap on the number of retained blocks.
     #[arg(long, env = "MLXCEL_CACHE_MAX_BLOCKS", value_name = "N")]
     pub max_blocks: Option<u64>,
 
-    /// Evict blocks unused for this long, e.g. 30m, 2h ("off" = never).
     #[arg(long, env = "MLXCEL_CACHE_IDLE_TTL", default_value = "off", value_parser = parse_optional_duration, value_name = "DURATION")]
     pub idle_ttl: Toggle,
 
-    /// Unpin a lease after this long even if the daemon never ends it (a daemon ends each lease
-    /// as soon as it has mapped the blocks, within milliseconds).
     #[arg(long, env = "MLXCEL_CACHE_LEASE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_timeout: Duration,
 
-    /// Resend a release the daemon has not acknowledged after this long.
     #[arg(long, env = "MLXCEL_CACHE_RELEASE_TIMEOUT", default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub release_timeout: Duration,
 
-    /// Compare the ledger with the daemon's inventory this often ("off" = only on demand).
     #[arg(long, env = "MLXCEL_CACHE_RECONCILE_INTERVAL", default_value = "30s", value_parser = parse_optional_duration, value_name = "DURATION")]
     pub reconcile_interval: Toggle,
 
-    /// Largest IPC frame accepted, e.g. 4MiB (at most 64MiB).
     #[arg(long, env = "MLXCEL_MAX_FRAME_BYTES", default_value = "4MiB", value_parser = parse_size, value_name = "SIZE")]
     pub max_frame_bytes: u64,
 
-    /// The secret that keys block hashes (created 0600 on first start), so entry ids cannot be
-    /// computed from a guessed prompt. Default: $XDG_STATE_HOME/mlxcel/hash-key, else
-    /// ~/.local/state/mlxcel/hash-key (macOS: ~/Library/Application Support/mlxcel/hash-key).
     #[arg(long, env = "MLXCEL_HASH_KEY_FILE", value_name = "FILE")]
     pub hash_key_file: Option<PathBuf>,
 
-    /// Connections served at once.
     #[arg(long, env = "MLXCEL_CACHE_MAX_CONNECTIONS", default_value_t = 64)]
     pub max_connections: usize,
 
-    /// Log filter: error, warn, info, debug, trace, or a tracing directive list.
     #[arg(long, env = "MLXCEL_LOG", default_value = "info")]
     pub log_level: String,
 }

@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use mlxcel_cachemgr::config::Args;
 use mlxcel_cachemgr::server;
 use mlxcel_config::Section;
@@ -17,7 +16,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let args = Args::parse();
+    let args: Args = mlxcel_config::cli::parse(mlxcel_config::Section::Cachemgr);
     mlxcel_config::logging::init("mlxcel-cachemgr", &args.log_level);
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");
@@ -53,6 +52,6 @@ fn main() -> ExitCode {
 
 /// Cancels `token` on SIGTERM or SIGINT.
 async fn stop_on_signal(token: CancellationToken) {
-    mlxcel_ipc::signals::terminate_or_interrupt().await;
+    mlxcel_ipc::signals::terminate_or_interrupt(mlxcel_config::process_env::lifeline_fd()).await;
     token.cancel();
 }

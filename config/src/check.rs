@@ -8,6 +8,9 @@ use crate::keys::{Section, keys_of};
 pub fn matches_command(command: &clap::Command, process: Section) -> Result<(), String> {
     let mut problems = Vec::new();
     for key in keys_of(process) {
+        if key.help.trim().is_empty() {
+            problems.push(format!("{}: no help text in the table", key.name));
+        }
         let Some(arg) = command
             .get_arguments()
             .find(|a| a.get_long() == Some(key.name))

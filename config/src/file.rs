@@ -54,8 +54,8 @@ pub struct ConfigFile {
 
 /// Where the configuration file is looked for.
 pub fn default_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("MLXCEL_CONFIG").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
+    if let Some(p) = crate::process_env::config_file() {
+        return Some(p);
     }
     let config_home = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|p| !p.is_empty())
@@ -71,7 +71,7 @@ impl ConfigFile {
         let Some(path) = default_path() else {
             return Ok(None);
         };
-        let explicit = std::env::var_os("MLXCEL_CONFIG").is_some_and(|p| !p.is_empty());
+        let explicit = crate::process_env::config_file().is_some();
         match std::fs::read_to_string(&path) {
             Ok(text) => ConfigFile::parse(&path, &text).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(None),

@@ -19,12 +19,18 @@
 //! - [`resolve`]: effective values with their sources (`mlxcelctl config show`), and
 //!   [`resolve::apply_file_to_env`], which processes call at startup.
 //! - [`logging`]: the logger every process installs (stderr, `log-level`, never panics).
+//! - [`cli`]: a process's command line, its flags' help from the table.
+//! - [`reference`]: the table as Markdown (the README's settings reference).
 //! - [`check`]: the test helper that keeps each process's flags equal to the table.
+//! - [`process_env`]: the variables that are not settings (the file's path, a lifeline).
 
 pub mod check;
+pub mod cli;
 pub mod file;
 pub mod keys;
 pub mod logging;
+pub mod process_env;
+pub mod reference;
 pub mod resolve;
 
 pub use file::{ConfigError, ConfigFile};

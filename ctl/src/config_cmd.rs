@@ -1,5 +1,6 @@
 //! `mlxcelctl config show`: the effective configuration of every process, each value with
-//! where it came from (flag, environment variable, file and table, or default).
+//! where it came from (flag, environment variable, file and table, or default);
+//! `mlxcelctl config reference`: every key with its meaning, as the README's settings table.
 
 use std::path::Path;
 
@@ -14,14 +15,22 @@ pub enum ConfigCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Print every setting with its flag, environment variable, default and meaning (Markdown).
+    Reference,
 }
 
 /// `socket_flag`: `--socket-dir` when it was given on mlxcelctl's command line.
 pub fn run(cmd: ConfigCommand, socket_flag: Option<&Path>) -> anyhow::Result<()> {
-    let ConfigCommand::Show { json } = cmd;
+    let json = match cmd {
+        ConfigCommand::Show { json } => json,
+        ConfigCommand::Reference => {
+            print!("{}", mlxcel_config::reference::markdown());
+            return Ok(());
+        }
+    };
     let path = mlxcel_config::file::default_path();
     let file = ConfigFile::load()?;
-    let env = |v: &str| std::env::var(v).ok();
+    let env = mlxcel_config::process_env::variable;
     let flags: Vec<(&str, String)> = socket_flag
         .map(|d| vec![("socket-dir", d.to_string_lossy().into_owned())])
         .unwrap_or_default();

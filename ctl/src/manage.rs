@@ -78,8 +78,11 @@ fn config_home(home: &std::path::Path) -> PathBuf {
 /// `mlxcelctl` uses, when they are not the defaults.
 fn service_env(socket_dir: Option<&std::path::Path>) -> Vec<(String, String)> {
     let mut env = Vec::new();
-    if let Some(c) = std::env::var_os("MLXCEL_CONFIG").filter(|c| !c.is_empty()) {
-        env.push(("MLXCEL_CONFIG".into(), c.to_string_lossy().into_owned()));
+    if let Some(c) = mlxcel_config::process_env::config_file() {
+        env.push((
+            mlxcel_config::process_env::CONFIG_FILE.into(),
+            c.to_string_lossy().into_owned(),
+        ));
     }
     if let Some(dir) = socket_dir {
         env.push((

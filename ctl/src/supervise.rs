@@ -119,7 +119,8 @@ pub async fn run(args: ServeArgs, socket_dir: Option<&Path>) -> anyhow::Result<(
         next_generation: 1,
         lifeline: Lifeline::new().context("cannot make the children's lifeline")?,
     };
-    let signal = mlxcel_ipc::signals::terminate_or_interrupt();
+    let signal =
+        mlxcel_ipc::signals::terminate_or_interrupt(mlxcel_config::process_env::lifeline_fd());
     tokio::pin!(signal);
     let result = tokio::select! {
         _ = &mut signal => {

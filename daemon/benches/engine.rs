@@ -13,11 +13,14 @@ use std::time::Instant;
 use mlx_rs::{Dtype, ops, random};
 use mlxcel_daemon::generate::{GenerateRequest, generate};
 use mlxcel_daemon::kv::DenseKv;
-use mlxcel_daemon::paged::{PagedBatch, PagedSeq};
+use mlxcel_daemon::kv::GrowingKv;
+use mlxcel_daemon::paged::PagedBatch;
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
 use mlxcel_daemon::sampler::SamplingParams;
+use mlxcel_daemon::scheduler::BlockTable;
+use mlxcel_tests::knob;
 
-const CHILD_FLAG: &str = "MLXCEL_BENCH_MATMUL_ONLY";
+const CHILD_FLAG: &str = "BENCH_MATMUL_ONLY";
 
 fn matmul_gflops(dtype: Dtype) -> f64 {
     let n = 1024;
@@ -115,7 +118,7 @@ fn lane_sum(x: &[f32]) -> f32 {
 }
 
 fn main() {
-    if std::env::var_os(CHILD_FLAG).is_some() {
+    if knob(CHILD_FLAG).is_some() {
         println!("{:.1}", matmul_gflops(Dtype::Float32));
         return;
     }
@@ -133,7 +136,7 @@ fn main() {
     if let Some(blas) = wheel_blas() {
         let exe = std::env::current_exe().expect("exe");
         let out = std::process::Command::new(exe)
-            .env(CHILD_FLAG, "1")
+            .env(format!("MLXCEL_{CHILD_FLAG}"), "1")
             .env("LD_PRELOAD", &blas)
             .output();
         if let Ok(out) = out {
@@ -160,16 +163,14 @@ fn main() {
         rss_before.unwrap_or(0.0)
     );
 
-    if std::env::var_os("MLXCEL_BENCH_STEPS_ONLY").is_some() {
+    if knob("BENCH_STEPS_ONLY").is_some() {
         // Only the batched decode steps (for a profiler): `MLXCEL_BENCH_STEPS_ONLY=1`.
         let seed_ids = loaded
             .text
             .encode("The quick brown fox jumps over the lazy dog. ");
-        let b = std::env::var("MLXCEL_BENCH_B")
-            .ok()
-            .and_then(|v| v.parse().ok());
+        let b = knob("BENCH_B").and_then(|v| v.parse().ok());
         let seed_ids = seed_ids.expect("encode");
-        if std::env::var_os("MLXCEL_BENCH_LONG").is_some() {
+        if knob("BENCH_LONG").is_some() {
             long_context_decode(m, &seed_ids);
         }
         batched_steps(m, &seed_ids, 200, &[b.unwrap_or(8)], 60);
@@ -225,9 +226,7 @@ fn main() {
 /// Decode over a long context (the footprint benchmark's ~3.7k-token shared prefix): the dense
 /// store against the paged pool, and what gathering every layer's K/V out of the pool costs alone.
 fn long_context_decode(m: &mlxcel_daemon::model::Model, seed_ids: &[u32]) {
-    let context = std::env::var("MLXCEL_BENCH_LONG")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    let context = knob("BENCH_LONG").and_then(|v| v.parse().ok());
     let context: usize = context.unwrap_or(3_700);
     const TOKENS: usize = 32;
     let prompt: Vec<u32> = seed_ids.iter().copied().cycle().take(context).collect();
@@ -266,7 +265,7 @@ fn dense_then_paged(
     m: &mlxcel_daemon::model::Model,
     req: &GenerateRequest,
     case: &str,
-) -> (f64, BlockPool, PagedSeq) {
+) -> (f64, BlockPool, BlockTable) {
     // Best of 3: this machine's speed drifts from minute to minute (other tenants).
     let g = (0..3)
         .map(|_| {
@@ -293,7 +292,7 @@ fn dense_then_paged(
         dtype: m.placement.dtype,
     };
     let mut pool = BlockPool::new(shape).expect("pool");
-    let mut seq = PagedSeq::default();
+    let mut seq = BlockTable::default();
     let g = generate(m, &mut seq.store(&mut pool), req, |_| true).expect("paged decode");
     let paged_tps = g.tokens.len() as f64 / g.decode_time.as_secs_f64();
     println!(
@@ -323,7 +322,7 @@ fn batched_steps(
             dtype: m.placement.dtype,
         };
         let mut pool = BlockPool::new(shape).expect("pool");
-        let mut seqs: Vec<PagedSeq> = (0..b).map(|_| PagedSeq::default()).collect();
+        let mut seqs: Vec<BlockTable> = (0..b).map(|_| BlockTable::default()).collect();
         for (i, seq) in seqs.iter_mut().enumerate() {
             // Distinct prompts of slightly different lengths, as distinct clients send.
             let prompt: Vec<u32> = seed_ids
@@ -333,7 +332,9 @@ fn batched_steps(
                 .skip(i)
                 .take(context + i)
                 .collect();
-            m.forward(&prompt, &mut seq.store(&mut pool))
+            let mut kv = seq.store(&mut pool);
+            kv.grow(prompt.len()).expect("room");
+            m.forward(&prompt, &mut kv)
                 .and_then(|l| l.eval().map_err(Into::into))
                 .expect("prefill");
         }
@@ -341,6 +342,9 @@ fn batched_steps(
         let mut best = f64::MAX;
         for step in 0..=steps {
             let t = Instant::now();
+            for s in seqs.iter_mut() {
+                s.grow(&mut pool, 1).expect("room");
+            }
             let mut kv = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
             m.forward_batch(&tokens, &mut kv)
                 .and_then(|l| l.eval().map_err(Into::into))
@@ -354,6 +358,8 @@ fn batched_steps(
             best * 1e3,
             b as f64 / best
         );
-        seqs.iter_mut().for_each(|s| s.free(&mut pool));
+        for s in seqs.iter_mut() {
+            s.free(&mut pool);
+        }
     }
 }

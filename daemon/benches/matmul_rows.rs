@@ -1,7 +1,6 @@
 //! `cargo bench -p mlxcel-daemon --bench matmul_rows`: what a decode step's linear layers cost
 //! the host and the device at 1–32 rows, through the engine's `Linear` (its few-row kernel where
-//! the device has one: `skinny` on the CPU, `skinny_cuda` on CUDA unless `MLXCEL_CUDA_FEW_ROWS=0`)
-//! against MLX's plain matmul.
+//! the device's backend has one: on the CPU and on CUDA) against MLX's plain matmul.
 //!
 //! A chain of `MLXCEL_BENCH_LAYERS` (default 224, a 32-layer step's 7 projections) `[M, D] x
 //! [D, D]` layers over 4 distinct weights (more than a GPU's L2), built and queued
@@ -18,15 +17,9 @@ use std::time::Instant;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, ops, random, transforms};
+use mlxcel_daemon::backend::{self, Linear};
 use mlxcel_daemon::device::{DeviceChoice, Placement};
-use mlxcel_daemon::model::weights::Linear;
-
-fn setting(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use mlxcel_tests::{knob, knob_or};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -36,18 +29,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
     let (layers, repeats, d) = (
-        setting("MLXCEL_BENCH_LAYERS", 224),
-        setting("MLXCEL_BENCH_REPEATS", 20).max(1),
-        setting("MLXCEL_BENCH_WIDTH", 4096) as i32,
+        knob_or("BENCH_LAYERS", 224usize),
+        knob_or("BENCH_REPEATS", 20usize).max(1),
+        knob_or("BENCH_WIDTH", 4096i32),
     );
-    if std::env::var("MLXCEL_BENCH_SHAPES").as_deref() == Ok("8b") {
+    if knob("BENCH_SHAPES").as_deref() == Some("8b") {
         layer_shapes(placement, repeats);
         return;
     }
+    let backend = backend::for_placement(placement);
     let weights: Vec<Array> = (0..4).map(|_| weight(placement, d, d)).collect();
     let linears: Vec<Linear> = weights
         .iter()
-        .map(|w| Linear::dense(w.clone(), None, placement))
+        .map(|w| Linear::dense(w.clone(), None, &*backend))
         .collect();
     let transposed: Vec<Array> = weights.iter().map(|w| w.t()).collect();
     println!(
@@ -87,13 +81,14 @@ fn weight(placement: Placement, out: i32, inner: i32) -> Array {
 
 /// The 8B-like decode step's four projections per layer, 32 layers, at 1-32 rows.
 fn layer_shapes(placement: Placement, repeats: usize) {
+    let backend = backend::for_placement(placement);
     // (out, in) of q/k/v joined, o, gate/up joined, down.
     const SHAPES: [(i32, i32); 4] = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)];
     let sets: Vec<Vec<Linear>> = (0..2)
         .map(|_| {
             SHAPES
                 .iter()
-                .map(|&(o, i)| Linear::dense(weight(placement, o, i), None, placement))
+                .map(|&(o, i)| Linear::dense(weight(placement, o, i), None, &*backend))
                 .collect()
         })
         .collect();

@@ -12,7 +12,7 @@
 //!   before each step (as the engine does after a prefill step). On a GPU, then the K/V path of those steps
 //!   alone: every layer's write of the new rows and read of the keys (the CPU reads in place).
 //!
-//! Settings (environment): `MLXCEL_BENCH_MODEL` (a GGUF file or a safetensors directory;
+//! Settings (environment, read through the test kit): `MLXCEL_BENCH_MODEL` (a GGUF file or a safetensors directory;
 //! default: the default model), `MLXCEL_BENCH_CASES` (decode cases as `BxCONTEXT` or
 //! `BxLO-HI`, contexts spread over LO..HI as a served batch's are, and an `s` after either for
 //! a pool whose blocks are scattered as after serving many requests, comma separated; default
@@ -24,24 +24,27 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use mlx_rs::Array;
+use mlxcel_daemon::kv::GrowingKv;
 use mlxcel_daemon::kv::{BatchKv, OwnKeys};
 use mlxcel_daemon::model::Model;
-use mlxcel_daemon::paged::{OwnRead, PagedBatch, PagedChunks, PagedSeq};
+use mlxcel_daemon::paged::{OwnRead, PagedBatch, PagedChunks};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
+use mlxcel_daemon::scheduler::BlockTable;
+use mlxcel_tests::knob;
 
 /// The engine's default (`--block-tokens`).
 const BLOCK_TOKENS: usize = 32;
 
 fn main() {
-    let path = std::env::var_os("MLXCEL_BENCH_MODEL").map_or_else(
+    let path = knob("BENCH_MODEL").map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
         },
         PathBuf::from,
     );
-    let cases: Vec<Case> = std::env::var("MLXCEL_BENCH_CASES")
-        .unwrap_or_else(|_| "1x200,8x200,32x200,32x200-700,1x4096,1x4096s,8x4096".into())
+    let cases: Vec<Case> = knob("BENCH_CASES")
+        .unwrap_or_else(|| "1x200,8x200,32x200,32x200-700,1x4096,1x4096s,8x4096".into())
         .split(',')
         .filter_map(|c| {
             let (b, ctx) = c.trim().split_once('x')?;
@@ -58,8 +61,7 @@ fn main() {
             })
         })
         .collect();
-    let steps: usize = std::env::var("MLXCEL_BENCH_STEPS")
-        .ok()
+    let steps: usize = knob("BENCH_STEPS")
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let t = Instant::now();
@@ -113,9 +115,7 @@ fn pool_for(m: &Model, tokens: usize) -> BlockPool {
         head_dim: m.config.head_dim,
         dtype: m.placement.dtype,
     };
-    let ceiling: Option<usize> = std::env::var("MLXCEL_BENCH_POOL_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    let ceiling: Option<usize> = knob("BENCH_POOL_BYTES").and_then(|v| v.parse().ok());
     if let Some(bytes) = ceiling {
         let blocks = (bytes / shape.block_bytes()) as u32;
         shape.num_blocks = shape.num_blocks.max(blocks);
@@ -136,6 +136,18 @@ fn pool_for(m: &Model, tokens: usize) -> BlockPool {
         );
     }
     BlockPool::for_device(shape, m.placement.gpu).expect("pool")
+}
+
+/// A pass of `tokens` over `seq` alone, grown for them first.
+fn alone(
+    m: &Model,
+    seq: &mut BlockTable,
+    pool: &mut BlockPool,
+    tokens: &[u32],
+) -> mlxcel_daemon::Result<Array> {
+    let mut kv = seq.store(pool);
+    kv.grow(tokens.len())?;
+    m.forward(tokens, &mut kv)
 }
 
 fn prompt(seed: &[u32], skip: usize, len: usize) -> Vec<u32> {
@@ -161,15 +173,15 @@ fn prefill_shapes(m: &Model, pool: &mut BlockPool, seed: &[u32]) {
     for (offset, len) in cases {
         let mut ms = Vec::new();
         for run in 0..2 {
-            let mut seq = PagedSeq::default();
+            let mut seq = BlockTable::default();
             let tokens = prompt(seed, run, offset + len);
             for piece in tokens[..offset].chunks(512) {
-                m.forward(piece, &mut seq.store(pool))
+                alone(m, &mut seq, pool, piece)
                     .and_then(|l| l.eval().map_err(Into::into))
                     .expect("prefill");
             }
             let t = Instant::now();
-            m.forward(&tokens[offset..], &mut seq.store(pool))
+            alone(m, &mut seq, pool, &tokens[offset..])
                 .and_then(|l| l.eval().map_err(Into::into))
                 .expect("prefill");
             ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -201,13 +213,14 @@ fn prefill_tail(m: &Model, pool: &mut BlockPool, seed: &[u32], steps: usize) {
     let (prefix, tail): (usize, usize) = (4096, 7);
     let held = scatter(pool, (prefix + tail).div_ceil(BLOCK_TOKENS));
     let tokens = prompt(seed, 0, prefix + tail);
-    let mut seq = PagedSeq::default();
+    let mut seq = BlockTable::default();
     for chunk in tokens[..prefix].chunks(512) {
-        m.forward(chunk, &mut seq.store(pool))
+        alone(m, &mut seq, pool, chunk)
             .and_then(|l| l.eval().map_err(Into::into))
             .expect("prefill");
     }
-    let runs = pool.span_count(&seq.table);
+    seq.grow(&mut *pool, tail).expect("room for the tail");
+    let runs = pool.span_count(&seq.blocks);
     for (name, read) in [("spans", OwnRead::Spans), ("gathered", OwnRead::Gather)] {
         let mut pass = || -> [f64; 3] {
             let t = Instant::now();
@@ -251,14 +264,14 @@ fn decode_steps(m: &Model, pool: &mut BlockPool, seed: &[u32], case: &Case, step
     } else {
         Vec::new()
     };
-    let mut seqs: Vec<PagedSeq> = (0..b).map(|_| PagedSeq::default()).collect();
+    let mut seqs: Vec<BlockTable> = (0..b).map(|_| BlockTable::default()).collect();
     let t = Instant::now();
     for (i, seq) in seqs.iter_mut().enumerate() {
         // Lengths spread evenly over lo..=hi (and all distinct), as a served batch's are.
         let len = lo + (hi - lo) * i / b.saturating_sub(1).max(1) + i;
         let tokens = prompt(seed, i, len);
         for chunk in tokens.chunks(512) {
-            m.forward(chunk, &mut seq.store(pool))
+            alone(m, seq, pool, chunk)
                 .and_then(|l| l.eval().map_err(Into::into))
                 .expect("prefill");
         }
@@ -277,6 +290,9 @@ fn decode_steps(m: &Model, pool: &mut BlockPool, seed: &[u32], case: &Case, step
             mlx_rs::memory::clear_cache().expect("clear the cache");
         }
         let t = Instant::now();
+        for s in seqs.iter_mut() {
+            s.grow(&mut *pool, 1).expect("room");
+        }
         let mut kv = PagedBatch::new(seqs.iter_mut().collect(), &mut *pool);
         let logits = m.forward_batch(&tokens, &mut kv).expect("batched step");
         let built = t.elapsed().as_secs_f64() * 1e3;
@@ -317,14 +333,16 @@ fn decode_steps(m: &Model, pool: &mut BlockPool, seed: &[u32], case: &Case, step
         let kv_ms = kv_path(m, pool, &mut seqs, steps);
         println!("  its K/V path alone (write and read, every layer): median {kv_ms:.2} ms/step");
     }
-    seqs.iter_mut().for_each(|s| s.free(pool));
+    for s in seqs.iter_mut() {
+        s.free(pool);
+    }
     held.into_iter().for_each(|id| pool.release(id));
 }
 
 /// Median ms of writing one new row per sequence and reading the keys back, every layer, as
 /// the model's decode step does on a GPU (padded own keys, or by table: then the writes
 /// alone), without the model.
-fn kv_path(m: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq], steps: usize) -> f64 {
+fn kv_path(m: &Model, pool: &mut BlockPool, seqs: &mut [BlockTable], steps: usize) -> f64 {
     let (b, kvh, hd) = (
         seqs.len() as i32,
         m.config.kv_heads as i32,
@@ -334,12 +352,16 @@ fn kv_path(m: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq], steps: usize)
     let mut times = Vec::with_capacity(steps);
     for _ in 0..steps {
         let t = Instant::now();
+        for s in seqs.iter_mut() {
+            s.grow(&mut *pool, 1).expect("room");
+        }
+        let lens: Vec<i32> = seqs.iter().map(|s| s.len as i32).collect();
+        let layout = m.backend().step_attention(m.heads(), &lens).layout();
         let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
-        kv.reserve().expect("reserve");
         let mut outs: Vec<Array> = Vec::new();
         for layer in 0..m.config.layers {
             let keys = kv
-                .append_all(layer, row.clone(), row.clone(), m.decode_layout())
+                .append_all(layer, row.clone(), row.clone(), layout)
                 .expect("append");
             match keys.own {
                 // Read in place by the attention kernel: the writes alone.

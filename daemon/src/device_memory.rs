@@ -5,7 +5,7 @@
 
 use std::ffi::CStr;
 
-use crate::device::{Backend, Placement};
+use crate::device::{DeviceKind, Placement};
 use crate::host_memory::HostMemory;
 
 /// What the pool's ceiling is measured against.
@@ -33,14 +33,14 @@ impl PoolMemory {
     /// so a CUDA device's free memory no longer counts them).
     pub fn of(placement: &Placement) -> PoolMemory {
         let host = PoolMemory::host(HostMemory::read());
-        let (total_key, usable_key, basis) = match placement.backend {
-            Backend::Cpu => return host,
-            Backend::Metal => (
+        let (total_key, usable_key, basis) = match placement.kind {
+            DeviceKind::Cpu => return host,
+            DeviceKind::Metal => (
                 c"memory_size",
                 c"max_recommended_working_set_size",
                 "Metal's recommended working set",
             ),
-            Backend::Cuda => (c"total_memory", c"free_memory", "free CUDA device memory"),
+            DeviceKind::Cuda => (c"total_memory", c"free_memory", "free CUDA device memory"),
         };
         let [total, usable] = gpu_info([total_key, usable_key]);
         match usable {
@@ -51,7 +51,7 @@ impl PoolMemory {
             },
             None => {
                 tracing::warn!(
-                    backend = %placement.backend,
+                    device = %placement.kind,
                     "MLX did not give the GPU's memory; sizing the KV pool from the host's"
                 );
                 host

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kv::KvStore;
+use crate::kv::GrowingKv;
 use crate::model::Model;
 use crate::sampler::{Choice, Sampler, SamplingParams};
 use crate::{EngineError, Result};
@@ -33,10 +33,10 @@ pub struct Generated {
 }
 
 /// Runs `req` on `model` with `kv` (which may already hold a prefix of the prompt: only the
-/// rest is prefilled). `on_token` sees each token; returning false cancels.
+/// rest is prefilled), growing it before each pass. `on_token` sees each token; returning false cancels.
 pub fn generate(
     model: &Model,
-    kv: &mut dyn KvStore,
+    kv: &mut dyn GrowingKv,
     req: &GenerateRequest,
     mut on_token: impl FnMut(Choice) -> bool,
 ) -> Result<Generated> {
@@ -61,6 +61,7 @@ pub fn generate(
     let chunk = req.prefill_chunk.max(1);
     let mut logits = None;
     for piece in req.prompt[kv.len()..].chunks(chunk) {
+        kv.grow(piece.len())?;
         let l = model.forward(piece, kv)?;
         l.eval()?;
         logits = Some(l);
@@ -88,6 +89,7 @@ pub fn generate(
             break;
         }
         if out.tokens.len() < max_tokens {
+            kv.grow(1)?;
             let l = model.forward(&[choice.token], kv)?;
             l.eval()?;
             logits = Some(l);

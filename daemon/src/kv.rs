@@ -1,7 +1,8 @@
 //! Where attention finds past keys and values.
 //!
 //! The forward pass never touches a cache layout: it hands each layer's new K/V rows to a
-//! [`KvStore`] and gets back everything the sequence has. [`DenseKv`] keeps one growing tensor
+//! [`KvStore`] (which has room for them: the caller allocated it) and gets back everything the
+//! sequence has. [`DenseKv`] keeps one growing tensor
 //! per layer; the paged pool (blocks shared through the cache manager) implements the same trait
 //! by writing rows into block slots and gathering by block table.
 
@@ -20,11 +21,6 @@ pub trait KvStore {
         self.len() == 0
     }
 
-    /// Makes room for `tokens` new tokens before a forward pass (a no-op where room is free).
-    fn reserve(&mut self, _tokens: usize) -> Result<()> {
-        Ok(())
-    }
-
     /// Stores `k` and `v` (`[1, kv_heads, new_tokens, head_dim]`) for `layer` and returns all
     /// keys and values of the sequence for that layer, in order, as one or more spans (`[1,
     /// kv_heads, n_i, head_dim]` each) that together cover at least `len + new` positions; the
@@ -35,6 +31,13 @@ pub trait KvStore {
     fn commit(&mut self, tokens: usize);
 }
 
+/// A [`KvStore`] a generation loop grows itself, one sequence outside the engine (tests,
+/// benchmarks, the warm-up): it makes room before each forward pass, which never does.
+pub trait GrowingKv: KvStore {
+    /// Makes room for `tokens` more tokens (a no-op where room is free).
+    fn grow(&mut self, tokens: usize) -> Result<()>;
+}
+
 /// Storage for a batch of sequences that each advance by one token.
 ///
 /// Writing every sequence's new rows of a layer in one update matters: MLX updates a pool tensor
@@ -42,9 +45,6 @@ pub trait KvStore {
 pub trait BatchKv {
     /// Tokens each sequence has stored.
     fn lens(&self) -> Vec<usize>;
-
-    /// Makes room for one token in every sequence.
-    fn reserve(&mut self) -> Result<()>;
 
     /// Stores each sequence's new row (`k`, `v`: `[batch, kv_heads, 1, head_dim]`) for `layer`
     /// and returns every sequence's keys and values (see [`BatchKeys`]), each row's own part
@@ -54,15 +54,6 @@ pub trait BatchKv {
         layer: usize,
         k: Array,
         v: Array,
-        layout: OwnLayout,
-    ) -> Result<BatchKeys>;
-
-    /// [`BatchKv::append_all`] of the new rows already packed as the pool stores them:
-    /// `values` is `[2 * kv_heads, batch, head_dim]`, each K head's rows then each V head's.
-    fn append_packed(
-        &mut self,
-        layer: usize,
-        values: Array,
         layout: OwnLayout,
     ) -> Result<BatchKeys>;
 
@@ -78,9 +69,6 @@ pub trait ChunksKv {
 
     /// Tokens sequence `i` has stored.
     fn len(&self, i: usize) -> usize;
-
-    /// Makes room for `tokens` new tokens of sequence `i` (see [`KvStore::reserve`]).
-    fn reserve(&mut self, i: usize, tokens: usize) -> Result<()>;
 
     /// Stores sequence `i`'s new rows for `layer` and returns all its keys and values (see
     /// [`KvStore::append`]).
@@ -101,10 +89,6 @@ impl ChunksKv for OneChunk<'_> {
 
     fn len(&self, _i: usize) -> usize {
         self.0.len()
-    }
-
-    fn reserve(&mut self, _i: usize, tokens: usize) -> Result<()> {
-        self.0.reserve(tokens)
     }
 
     fn append(
@@ -192,6 +176,10 @@ pub struct TableKeys {
 /// Where a [`TableKeys`] entry points: `slab << TABLE_SLAB_SHIFT | block within the slab`.
 pub const TABLE_SLAB_SHIFT: u32 = 24;
 
+/// The most slabs one [`TableKeys`] reads (a kernel's fixed number of slab inputs); a step
+/// whose blocks lie in more is gathered instead.
+pub const MOST_TABLE_SLABS: usize = 4;
+
 impl OwnKeys {
     /// Keys per row of a padded tensor (`None` for spans and tables, which are never padded).
     pub fn padded_len(&self) -> Option<i32> {
@@ -253,6 +241,12 @@ impl DenseKv {
             layers: (0..layers).map(|_| None).collect(),
             len: 0,
         }
+    }
+}
+
+impl GrowingKv for DenseKv {
+    fn grow(&mut self, _tokens: usize) -> Result<()> {
+        Ok(())
     }
 }
 

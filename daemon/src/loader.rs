@@ -32,6 +32,7 @@ pub fn load_on(path: &Path, choice: DeviceChoice) -> Result<Loaded> {
 /// Loads the model at `path` with `placement` (its device already MLX's default).
 pub fn load_placed(path: &Path, placement: Placement) -> Result<Loaded> {
     let started = Instant::now();
+    let backend = crate::backend::for_placement(placement);
     let shown = path.display().to_string();
     let is_gguf = path
         .extension()
@@ -39,15 +40,12 @@ pub fn load_placed(path: &Path, placement: Placement) -> Result<Loaded> {
     let (model, text) = if path.is_dir() {
         let (config, mut weights) = safetensors::load(path)?;
         let text = TextInfo::from_hf_dir(path, config.context_length)?;
-        (
-            Model::build(config, &mut weights, &HfNames, placement)?,
-            text,
-        )
+        (Model::build(config, &mut weights, &HfNames, backend)?, text)
     } else if is_gguf || !path.exists() {
         let mut g = gguf::load(path)?;
         let text = TextInfo::from_gguf(&g.vocab)?;
         (
-            Model::build(g.config, &mut g.weights, &GgufNames, placement)?,
+            Model::build(g.config, &mut g.weights, &GgufNames, backend)?,
             text,
         )
     } else {

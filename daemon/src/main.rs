@@ -1,6 +1,6 @@
 //! `mlxcel-daemon`: the inference worker. See `--help`.
 
-#[cfg(mlxcel_cuda)]
+#[cfg(mlxcel_cuda_link)]
 mod nvrtc_tap;
 
 use std::path::PathBuf;
@@ -27,17 +27,12 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Parser)]
 #[command(name = "mlxcel-daemon", version, about, long_about)]
 struct Args {
-    /// A .gguf file or an MLX / Hugging Face model directory; `default` is
-    /// models/SmolLM2-135M-Instruct.Q4_1.gguf (installed by `make setup`).
     #[arg(long, env = "MLXCEL_MODEL", default_value = "default")]
     model: String,
 
-    /// Directory for the sockets (default: $XDG_RUNTIME_DIR/mlxcel, else /tmp/mlxcel-<uid>).
     #[arg(long, env = "MLXCEL_SOCKET_DIR", value_name = "DIR")]
     socket_dir: Option<PathBuf>,
 
-    /// Where the model runs: `auto` (a GPU if MLX has one: Metal on a Mac, CUDA with MLX's
-    /// CUDA build; else the CPU), `gpu` (or fail) or `cpu`. The startup log names the backend.
     #[arg(
         long,
         env = "MLXCEL_DEVICE",
@@ -46,89 +41,51 @@ struct Args {
     )]
     device: mlxcel_daemon::device::DeviceChoice,
 
-    /// The most memory the paged KV pool may take, e.g. 1GiB (a ceiling: blocks take memory
-    /// as they are used and give it back when freed). `auto` = the cache capacity plus
-    /// --max-batch-size full contexts, at most half of the memory the pool lives in (physical
-    /// memory on the CPU, Metal's recommended working set on a Mac, the free device memory on a
-    /// CUDA GPU); the startup log shows the figures. A ceiling above that memory is refused.
     #[arg(long, env = "MLXCEL_KV_POOL_BYTES", default_value = "auto")]
     kv_pool_bytes: String,
 
-    /// The cache manager's capacity (the same setting it reads), which an `auto` pool ceiling
-    /// makes room for.
     #[arg(long, env = "MLXCEL_CACHE_CAPACITY", default_value = "2GiB", value_parser = parse_size, value_name = "SIZE")]
     cache_capacity: u64,
 
-    /// Tokens per KV block (the unit the cache manager books).
     #[arg(long, env = "MLXCEL_BLOCK_TOKENS", default_value_t = 32)]
     block_tokens: usize,
 
-    /// Prompt tokens computed per engine step, across all requests (the prefill budget: a burst
-    /// of long prompts is prefilled over several steps while running requests keep decoding; a
-    /// prompt that does not fit what is left of a step waits for the next one, where it comes
-    /// first, and only a prompt longer than the budget is split; MLXCEL_PREFILL_WHOLE_CHUNKS=0
-    /// splits any).
     #[arg(long, env = "MLXCEL_PREFILL_CHUNK", default_value_t = 512)]
     prefill_chunk: usize,
 
-    /// Sequences running at once; more wait in the queue.
     #[arg(long, env = "MLXCEL_MAX_BATCH_SIZE", default_value_t = 8)]
     max_batch_size: usize,
 
-    /// Events (tokens, ends) queued for one front-end connection; a front end that lets more
-    /// pile up has stopped reading: its connection is closed and its requests cancelled.
     #[arg(long, env = "MLXCEL_EVENT_BACKLOG", default_value_t = 16384)]
     event_backlog: usize,
 
-    /// Largest IPC frame (the model info frame carries the tokenizer), at most 64MiB.
     #[arg(long, env = "MLXCEL_DAEMON_MAX_FRAME_BYTES", default_value = "32MiB", value_parser = parse_size)]
     max_frame_bytes: u64,
 
-    /// How long a request waits for the cache manager's answer to its prefix lookup, from its
-    /// arrival; past it the request runs without reuse (the manager never delays service).
     #[arg(long, env = "MLXCEL_ACQUIRE_TIMEOUT", default_value = "50ms", value_parser = parse_duration, value_name = "DURATION")]
     acquire_timeout: Duration,
 
-    /// How long a finished request's donation may go unanswered before the cache manager is
-    /// treated as gone (its blocks come back to the pool; the daemon reconnects).
     #[arg(long, env = "MLXCEL_DONATION_TIMEOUT", default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     donation_timeout: Duration,
 
-    /// Temperature for requests that omit it, when the model's generation_config.json does not
-    /// set one (default: 1, OpenAI's). Request values always win; 0 = greedy.
     #[arg(long, env = "MLXCEL_DEFAULT_TEMPERATURE", value_name = "T")]
     default_temperature: Option<f64>,
 
-    /// top_p for requests that omit it, when the model's generation_config.json does not set it
-    /// (default: 1 = off).
     #[arg(long, env = "MLXCEL_DEFAULT_TOP_P", value_name = "P")]
     default_top_p: Option<f64>,
 
-    /// top_k for requests that omit it, when the model's generation_config.json does not set it
-    /// (default: 0 = off).
     #[arg(long, env = "MLXCEL_DEFAULT_TOP_K", value_name = "K")]
     default_top_k: Option<u32>,
 
-    /// min_p for requests that omit it, when the model's generation_config.json does not set it
-    /// (default: 0 = off).
     #[arg(long, env = "MLXCEL_DEFAULT_MIN_P", value_name = "P")]
     default_min_p: Option<f64>,
 
-    /// repetition_penalty for requests that omit it, when the model's generation_config.json
-    /// does not set it (default: 1 = off).
     #[arg(long, env = "MLXCEL_DEFAULT_REPETITION_PENALTY", value_name = "X")]
     default_repetition_penalty: Option<f64>,
 
-    /// Log filter: error, warn, info, debug, trace, or a tracing directive list.
     #[arg(long, env = "MLXCEL_LOG", default_value = "info")]
     log_level: String,
 
-    /// Processes that build a first start's GPU kernels in parallel before the daemon's own
-    /// warm-up, each loading the model and running a share of the warm-up's shapes: `auto`
-    /// starts up to 8 on a CUDA GPU when the kernel cache is empty (MLX's CUDA backend builds
-    /// kernels one at a time; a fresh machine's first start can take minutes), at most half the
-    /// cores and as many copies of the weights as fit in half the device's free memory; a
-    /// number starts that many on any device; 0 none.
     #[arg(
         long,
         env = "MLXCEL_WARM_UP_WORKERS",
@@ -187,7 +144,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let args = Args::parse();
+    let args: Args = mlxcel_config::cli::parse(Section::Daemon);
     // SAFETY: no other thread runs yet (the engine and the I/O runtime start in `run`).
     let jit = unsafe { mlxcel_daemon::jit_cache::JitCache::install() };
     mlxcel_config::logging::init("mlxcel-daemon", &args.log_level);
@@ -304,7 +261,7 @@ fn start_warm_up_workers(setting: Workers, config: &EngineConfig, cached_kernels
         return; // the engine reports it
     };
     let machine = Machine {
-        backend: placement.backend,
+        device: placement.kind,
         cached_kernels,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         weights_bytes: warm_workers::weights_bytes(&config.model),
@@ -336,7 +293,7 @@ fn export(model: &std::path::Path, dir: &std::path::Path) -> Result<(), String> 
 
 /// Cancels `token` on SIGTERM or SIGINT.
 async fn stop_on_signal(token: CancellationToken) {
-    mlxcel_ipc::signals::terminate_or_interrupt().await;
+    mlxcel_ipc::signals::terminate_or_interrupt(mlxcel_config::process_env::lifeline_fd()).await;
     token.cancel();
 }
 

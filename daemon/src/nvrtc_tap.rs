@@ -2,14 +2,14 @@
 //! references bind here first (the build exports them); each one calls NVRTC's own (the next
 //! definition) and notes what a custom kernel's compile produced: its module name, its kernels'
 //! mangled names and its code. When MLX destroys the program, the module is written where MLX
-//! reads modules back ([`mlxcel_daemon::kernel_modules`]), so the next start loads it instead
+//! reads modules back ([`mlxcel_daemon::backend::cuda::kernel_modules`]), so the next start loads it instead
 //! of compiling it again. A failure to note or write anything changes nothing of the compile.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Mutex, OnceLock};
 
-use mlxcel_daemon::kernel_modules;
+use mlxcel_daemon::backend::cuda::kernel_modules;
 
 type Program = *mut c_void;
 type NvrtcResult = c_int;

@@ -3,8 +3,8 @@
 //! table, or gathered, as the model's attention takes them).
 //!
 //! The first blocks may be shared (mapped from the prefix cache, refcount +1): their rows are
-//! only read. Before each forward pass the caller reserves room for the new tokens
-//! ([`PagedSeq::reserve`]), which is where the pool can say "not now".
+//! only read. Room for a pass's new tokens is allocated before it (by the scheduler's plan;
+//! [`BlockTable::grow`]): nothing here allocates or frees a block.
 //!
 //! Reads return whole blocks: a sequence of `len` tokens gets `ceil(len / block_tokens)` blocks
 //! of keys, and attention masks the positions past `len` (the model builds that mask from the
@@ -18,52 +18,15 @@ mod chunks;
 pub use chunks::PagedChunks;
 
 use crate::Result;
-use crate::kv::{BatchKeys, BatchKv, KvStore, OwnKeys, OwnLayout, first_positions};
-use crate::pool::{BlockId, BlockPool, Gather, Order, TableRead, WritePlan, spans_cheaper};
+use crate::kv::{BatchKeys, BatchKv, GrowingKv, KvStore, OwnKeys, OwnLayout, first_positions};
+use crate::pool::{BlockPool, Gather, Order, TableRead, WritePlan, spans_cheaper};
+use crate::scheduler::BlockTable;
+use mlxcel_ipc::BlockId;
 
-/// One sequence's blocks and length.
-#[derive(Debug, Default, Clone)]
-pub struct PagedSeq {
-    /// Block ids in sequence order.
-    pub table: Vec<BlockId>,
-    /// Tokens stored.
-    pub len: usize,
-}
-
-impl PagedSeq {
-    /// A sequence that starts from `shared` cached blocks holding `shared.len() × block_tokens`
-    /// tokens (the caller has taken a reference on each).
-    pub fn with_prefix(shared: Vec<BlockId>, block_tokens: usize) -> Self {
-        let len = shared.len() * block_tokens;
-        Self { table: shared, len }
-    }
-
-    /// Makes room for `tokens` more tokens, allocating blocks; false (and nothing taken) when the
-    /// pool is short.
-    pub fn reserve(&mut self, pool: &mut BlockPool, tokens: usize) -> bool {
-        let bt = pool.shape().block_tokens;
-        let needed = (self.len + tokens).div_ceil(bt);
-        let missing = needed.saturating_sub(self.table.len());
-        match pool.allocate(missing) {
-            Some(blocks) => {
-                self.table.extend(blocks);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Drops this sequence's reference on every block (cancel, finish, preempt).
-    pub fn free(&mut self, pool: &mut BlockPool) {
-        for b in self.table.drain(..) {
-            pool.release(b);
-        }
-        self.len = 0;
-    }
-
+impl BlockTable {
     /// (block, position in block) of positions `from..to`.
     fn at(&self, bt: usize, from: usize, to: usize) -> Vec<(BlockId, usize)> {
-        (from..to).map(|p| (self.table[p / bt], p % bt)).collect()
+        (from..to).map(|p| (self.blocks[p / bt], p % bt)).collect()
     }
 
     /// The plan to read positions `0..len` (whole blocks; see [`Gather`]).
@@ -71,13 +34,14 @@ impl PagedSeq {
         let blocks = len.div_ceil(pool.shape().block_tokens);
         Gather::new(
             pool,
-            &[&self.table[..blocks.min(self.table.len())]],
+            &[&self.blocks[..blocks.min(self.blocks.len())]],
             blocks,
             Order::HeadsFirst,
         )
     }
 
-    /// A [`KvStore`] over `pool` for one forward pass.
+    /// A [`KvStore`] over `pool` for forward passes of this sequence alone (tests, benchmarks,
+    /// the warm-up), which it can grow ([`GrowingKv`]).
     pub fn store<'a>(&'a mut self, pool: &'a mut BlockPool) -> PagedStore<'a> {
         PagedStore {
             seq: self,
@@ -87,9 +51,9 @@ impl PagedSeq {
     }
 }
 
-/// [`KvStore`] backed by the pool (see [`PagedSeq::store`]): reads are views of the slabs.
+/// [`KvStore`] backed by the pool (see [`BlockTable::store`]): reads are views of the slabs.
 pub struct PagedStore<'a> {
-    seq: &'a mut PagedSeq,
+    seq: &'a mut BlockTable,
     pool: &'a mut BlockPool,
     /// Where this pass's new rows go, planned by the first layer.
     write: Option<WritePlan>,
@@ -97,7 +61,7 @@ pub struct PagedStore<'a> {
 
 /// [`BatchKv`] over the pool for several sequences (one batched decode step).
 pub struct PagedBatch<'a> {
-    seqs: Vec<&'a mut PagedSeq>,
+    seqs: Vec<&'a mut BlockTable>,
     pool: &'a mut BlockPool,
     /// How this step reads each row's own blocks, decided by the first layer.
     plan: Option<OwnPlan>,
@@ -132,7 +96,7 @@ impl OwnRead {
 
 impl<'a> PagedBatch<'a> {
     /// A batch of `seqs` over `pool`.
-    pub fn new(seqs: Vec<&'a mut PagedSeq>, pool: &'a mut BlockPool) -> Self {
+    pub fn new(seqs: Vec<&'a mut BlockTable>, pool: &'a mut BlockPool) -> Self {
         Self {
             seqs,
             pool,
@@ -166,13 +130,13 @@ impl<'a> PagedBatch<'a> {
             // Full before this step, the same block in every row.
             let shortest = self.seqs.iter().map(|s| s.len / bt).min().unwrap_or(0);
             (0..shortest)
-                .take_while(|&j| self.seqs.iter().all(|s| s.table[j] == first.table[j]))
+                .take_while(|&j| self.seqs.iter().all(|s| s.blocks[j] == first.blocks[j]))
                 .count()
         };
         let own: Vec<&[BlockId]> = self
             .seqs
             .iter()
-            .map(|s| &s.table[shared..(s.len + 1).div_ceil(bt)])
+            .map(|s| &s.blocks[shared..(s.len + 1).div_ceil(bt)])
             .collect();
         let tables = || {
             let lens: Vec<usize> = self.seqs.iter().map(|s| s.len + 1).collect();
@@ -212,13 +176,6 @@ impl BatchKv for PagedBatch<'_> {
         self.seqs.iter().map(|s| s.len).collect()
     }
 
-    fn reserve(&mut self) -> Result<()> {
-        for s in self.seqs.iter_mut() {
-            reserve_in(s, self.pool, 1)?;
-        }
-        Ok(())
-    }
-
     fn append_all(
         &mut self,
         layer: usize,
@@ -231,16 +188,8 @@ impl BatchKv for PagedBatch<'_> {
             let s = x.shape().to_vec();
             Ok(x.reshape(&[s[0], s[1], s[3]])?.swap_axes(0, 1)?)
         };
+        // [2 * kv_heads, batch, head_dim]: each K head's rows, then each V head's.
         let values = ops::concatenate(&[heads_first(k)?, heads_first(v)?], 0)?;
-        self.append_packed(layer, values, layout)
-    }
-
-    fn append_packed(
-        &mut self,
-        layer: usize,
-        values: Array,
-        layout: OwnLayout,
-    ) -> Result<BatchKeys> {
         if self.seqs.is_empty() {
             return Err(crate::EngineError::Internal(
                 "a decode step of no sequence".into(),
@@ -248,7 +197,7 @@ impl BatchKv for PagedBatch<'_> {
         }
         let bt = self.pool.shape().block_tokens;
         for s in &self.seqs {
-            if s.len >= s.table.len() * bt {
+            if s.len >= s.blocks.len() * bt {
                 return Err(no_room(1, s.len));
             }
         }
@@ -256,7 +205,7 @@ impl BatchKv for PagedBatch<'_> {
         let plan = self.write.get_or_insert_with(|| {
             let at: Vec<(BlockId, usize)> = seqs
                 .iter()
-                .map(|s| (s.table[s.len / bt], s.len % bt))
+                .map(|s| (s.blocks[s.len / bt], s.len % bt))
                 .collect();
             pool.plan_write(&at)
         });
@@ -280,7 +229,9 @@ impl BatchKv for PagedBatch<'_> {
             }
             Some(OwnPlan::InPlace) => {
                 let s = &self.seqs[0];
-                let spans = self.pool.spans(layer, &s.table, (s.len + 1).div_ceil(bt))?;
+                let spans = self
+                    .pool
+                    .spans(layer, &s.blocks, (s.len + 1).div_ceil(bt))?;
                 let Some((k, v)) = first_positions(&spans, s.len + 1).into_iter().next() else {
                     return Err(crate::EngineError::Internal("no keys to read".into()));
                 };
@@ -292,7 +243,7 @@ impl BatchKv for PagedBatch<'_> {
                 let mut rows = Vec::with_capacity(self.seqs.len());
                 for s in &self.seqs {
                     let (from, to) = (self.shared * bt, s.len + 1);
-                    let table = &s.table[self.shared..];
+                    let table = &s.blocks[self.shared..];
                     let spans = self.pool.spans(layer, table, (to - from).div_ceil(bt))?;
                     rows.push(first_positions(&spans, to - from));
                 }
@@ -301,7 +252,7 @@ impl BatchKv for PagedBatch<'_> {
             None => return Err(crate::EngineError::Internal("no read plan".into())),
         };
         Ok(BatchKeys {
-            shared: self.pool.spans(layer, &self.seqs[0].table, self.shared)?,
+            shared: self.pool.spans(layer, &self.seqs[0].blocks, self.shared)?,
             shared_len: self.shared * bt,
             own,
         })
@@ -328,30 +279,27 @@ enum OwnPlan {
     Tables(TableRead),
 }
 
-fn reserve_in(seq: &mut PagedSeq, pool: &mut BlockPool, tokens: usize) -> Result<()> {
-    if seq.reserve(pool, tokens) {
-        Ok(())
-    } else {
-        Err(crate::EngineError::PoolExhausted {
-            needed_tokens: tokens,
-            free_blocks: pool.free_blocks(),
-        })
-    }
-}
-
 fn no_room(t: usize, start: usize) -> crate::EngineError {
     crate::EngineError::Request(format!(
-        "no room reserved for {t} tokens at position {start} (call PagedSeq::reserve first)"
+        "no room allocated for {t} tokens at position {start} (grow the block table first)"
     ))
+}
+
+impl GrowingKv for PagedStore<'_> {
+    fn grow(&mut self, tokens: usize) -> Result<()> {
+        match self.seq.grow(self.pool, tokens) {
+            Some(_) => Ok(()),
+            None => Err(crate::EngineError::PoolExhausted {
+                needed_tokens: tokens,
+                free_blocks: self.pool.free_blocks(),
+            }),
+        }
+    }
 }
 
 impl KvStore for PagedStore<'_> {
     fn len(&self) -> usize {
         self.seq.len
-    }
-
-    fn reserve(&mut self, tokens: usize) -> Result<()> {
-        reserve_in(self.seq, self.pool, tokens)
     }
 
     fn append(&mut self, layer: usize, k: Array, v: Array) -> Result<Vec<(Array, Array)>> {
@@ -367,7 +315,7 @@ impl KvStore for PagedStore<'_> {
 /// Writes `seq`'s new rows (`k`, `v`: `[1, kv_heads, t, head_dim]`) of `layer` into its reserved
 /// blocks, planning where once per pass (`write`), and returns its keys and values as spans.
 fn append_to(
-    seq: &PagedSeq,
+    seq: &BlockTable,
     pool: &mut BlockPool,
     write: &mut Option<WritePlan>,
     layer: usize,
@@ -375,12 +323,12 @@ fn append_to(
     v: Array,
 ) -> Result<Vec<(Array, Array)>> {
     let blocks = write_rows(seq, pool, write, layer, k, v)?;
-    pool.spans(layer, &seq.table, blocks)
+    pool.spans(layer, &seq.blocks, blocks)
 }
 
 /// [`append_to`]'s write: returns how many blocks the keys now fill.
 fn write_rows(
-    seq: &PagedSeq,
+    seq: &BlockTable,
     pool: &mut BlockPool,
     write: &mut Option<WritePlan>,
     layer: usize,
@@ -390,7 +338,7 @@ fn write_rows(
     let t = k.shape()[2] as usize;
     let bt = pool.shape().block_tokens;
     let (start, end) = (seq.len, seq.len + t);
-    if end > seq.table.len() * bt {
+    if end > seq.blocks.len() * bt {
         return Err(no_room(t, start));
     }
     let plan = write.get_or_insert_with(|| pool.plan_write(&seq.at(bt, start, end)));

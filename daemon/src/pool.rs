@@ -23,13 +23,12 @@ use mlx_rs::{Array, Dtype};
 
 pub use gather::{CopyCosts, Gather, Order, spans_cheaper};
 use slab::Slab;
-pub use tables::{MOST_TABLE_SLABS, TableRead};
+pub use tables::TableRead;
 pub use write::WritePlan;
 
 use crate::Result;
 
-/// A block's index in the pool.
-pub type BlockId = u32;
+pub use mlxcel_ipc::BlockId;
 
 /// Sizes of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,5 +330,23 @@ impl BlockPool {
             }
             crate::host_memory::trim_freed_memory();
         }
+    }
+}
+
+impl crate::scheduler::Blocks for BlockPool {
+    fn free_blocks(&self) -> u32 {
+        BlockPool::free_blocks(self)
+    }
+    fn total_blocks(&self) -> u32 {
+        self.shape.num_blocks
+    }
+    fn block_tokens(&self) -> usize {
+        self.shape.block_tokens
+    }
+    fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
+        BlockPool::allocate(self, n)
+    }
+    fn release(&mut self, block: BlockId) {
+        BlockPool::release(self, block);
     }
 }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use crate::device::Backend;
+use crate::device::DeviceKind;
 
 /// The most workers `auto` starts: the kernels every job needs are built by each worker again,
 /// so more buy less.
@@ -131,7 +131,7 @@ impl std::str::FromStr for Workers {
 /// What the choice of a worker count reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Machine {
-    pub backend: Backend,
+    pub device: DeviceKind,
     /// Compiled kernels the cache held at this start.
     pub cached_kernels: usize,
     pub cores: usize,
@@ -146,7 +146,7 @@ impl Workers {
     pub fn count(self, m: Machine) -> usize {
         let n = match self {
             Workers::Exactly(n) => n,
-            Workers::Auto if m.backend != Backend::Cuda || m.cached_kernels > 0 => 0,
+            Workers::Auto if m.device != DeviceKind::Cuda || m.cached_kernels > 0 => 0,
             Workers::Auto => {
                 // Each loads the weights: together at most half of what is free.
                 let by_memory = m
@@ -251,7 +251,7 @@ mod tests {
 
     fn cuda(cached_kernels: usize) -> Machine {
         Machine {
-            backend: Backend::Cuda,
+            device: DeviceKind::Cuda,
             cached_kernels,
             cores: 16,
             weights_bytes: 100 << 20,
@@ -299,12 +299,12 @@ mod tests {
         assert_eq!(Workers::Auto.count(cuda(0)), 8);
         assert_eq!(Workers::Auto.count(cuda(19)), 0, "kernels cached: none");
         let cpu = Machine {
-            backend: Backend::Cpu,
+            device: DeviceKind::Cpu,
             ..cuda(0)
         };
         assert_eq!(Workers::Auto.count(cpu), 0);
         let metal = Machine {
-            backend: Backend::Metal,
+            device: DeviceKind::Metal,
             ..cuda(0)
         };
         assert_eq!(Workers::Auto.count(metal), 0);
@@ -329,7 +329,7 @@ mod tests {
         assert_eq!(Workers::Auto.count(unknown), 8);
         assert_eq!(
             Workers::Exactly(3).count(Machine {
-                backend: Backend::Cpu,
+                device: DeviceKind::Cpu,
                 ..cuda(5)
             }),
             3

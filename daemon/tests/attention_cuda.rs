@@ -8,8 +8,8 @@ mod support;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Dtype, ops};
+use mlxcel_daemon::backend::cuda::attention::{attend_batch, lengths};
 use mlxcel_daemon::kv::{BatchKeys, OwnKeys};
-use mlxcel_daemon::model::attention_cuda::{attend_batch, lengths};
 use support::cuda::{max_error, normal, on_cuda, reference, tolerance};
 
 struct Case {

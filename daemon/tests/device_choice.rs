@@ -4,7 +4,7 @@
 
 mod support;
 
-use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
+use mlxcel_daemon::device::{DeviceChoice, DeviceKind, Placement};
 use mlxcel_tests::daemon::{Daemon, run_to_exit};
 use mlxcel_tests::root;
 
@@ -36,7 +36,7 @@ fn a_gpu_that_is_not_there_is_a_clear_startup_error() {
 #[test]
 fn the_cpu_can_be_chosen_by_flag_and_is_named() {
     let cpu = Placement::choose(DeviceChoice::Cpu).unwrap();
-    assert_eq!((cpu.backend, cpu.gpu), (Backend::Cpu, false));
+    assert_eq!((cpu.kind, cpu.gpu), (DeviceKind::Cpu, false));
     assert_eq!(cpu.describe(), "cpu, Float32");
     let dir = mlxcel_tests::temp_dir("mxv");
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");

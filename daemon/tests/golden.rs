@@ -21,7 +21,7 @@ fn model() -> Loaded {
     let m = load(&path).expect("load the default model");
     // Which backend this run proves (CI has no GPU: the GPU half is skipped there, visibly).
     if m.model.placement.gpu {
-        eprintln!("golden: on the GPU ({})", m.model.placement.backend);
+        eprintln!("golden: on the GPU ({})", m.model.placement.kind);
     } else {
         eprintln!("golden: on the CPU; GPU golden run SKIPPED (this MLX build has no GPU)");
     }

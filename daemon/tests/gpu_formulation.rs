@@ -3,6 +3,8 @@
 //! through MLX's CPU reference of the fused ops, with the default model in f32: greedy tokens
 //! against the float64 reference, and last-position logits equal to the CPU formulation's for
 //! prompts and chunk sizes that pad every way (short and long contexts, chunks that split them).
+//! CUDA's padded formulation is its backend's, compiled in CUDA builds and with the `cuda`
+//! feature (`make check-cuda` runs this file so); without it only Metal's is checked here.
 
 use mlxcel_daemon::device::Placement;
 use mlxcel_daemon::generate::{FinishReason, GenerateRequest, generate};
@@ -24,7 +26,7 @@ fn path() -> std::path::PathBuf {
 
 /// CUDA's formulation (`padded`) or Metal's.
 fn gpu_formulation(padded: bool) -> Loaded {
-    placed(Placement::gpu_formulation_on_cpu(padded))
+    placed(Placement::formulation_on_cpu(padded))
 }
 
 fn placed(placement: Placement) -> Loaded {
@@ -47,10 +49,14 @@ fn last_logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
 
 #[test]
 fn greedy_tokens_match_the_float64_reference() {
-    // Padded, 16 pads nothing but the last chunk and 7 pads every chunk (7 of 16 rows).
-    for (padded, chunks) in [(true, &[16, 7][..]), (false, &[7][..])] {
-        greedy_tokens(&gpu_formulation(padded), chunks);
-    }
+    greedy_tokens(&gpu_formulation(false), &[7]);
+}
+
+#[cfg(mlxcel_cuda)]
+#[test]
+fn padded_greedy_tokens_match_the_float64_reference() {
+    // 16 pads nothing but the last chunk and 7 pads every chunk (7 of 16 rows).
+    greedy_tokens(&gpu_formulation(true), &[16, 7]);
 }
 
 fn greedy_tokens(m: &Loaded, chunks: &[usize]) {
@@ -78,31 +84,34 @@ fn greedy_tokens(m: &Loaded, chunks: &[usize]) {
 }
 
 #[test]
+fn metals_exact_prefill_gives_the_cpu_formulations_logits() {
+    let cpu = load_on(&path(), mlxcel_daemon::device::DeviceChoice::Cpu).expect("load");
+    let long = long_prompt();
+    let cases = [(&long[..300], 100), (&long[..], 512)];
+    same_logits(&cpu.model, &gpu_formulation(false).model, &cases);
+}
+
+fn long_prompt() -> Vec<u32> {
+    let base = ids(&fixtures()["chats"][0]["prompt_ids"]);
+    base.iter().copied().cycle().take(1100).collect()
+}
+
+#[cfg(mlxcel_cuda)]
+#[test]
 fn padded_prefill_gives_the_cpu_formulations_logits() {
     let cpu = load_on(&path(), mlxcel_daemon::device::DeviceChoice::Cpu).expect("load");
     assert!(!cpu.model.placement.gpu);
-    let chat = &fixtures()["chats"][0];
-    let base = ids(&chat["prompt_ids"]);
-    let long: Vec<u32> = base.iter().copied().cycle().take(1100).collect();
-    // Short contexts (every shape its own), past 1024 keys (queries padded to 512 rows, keys to
-    // 1536), chunks that leave a short tail, and a tail of 6 tokens over 1030 keys (16 query
-    // rows where few rows are kept); Metal's exact shapes on two of them.
+    let long = long_prompt();
+    // Short contexts (one key bucket), past 1024 keys (queries padded to 512 rows, keys to
+    // 2048), chunks that leave a short tail, and a tail of 6 tokens over 1030 keys (its 16
+    // query rows kept).
     let cases = [
         (&long[..300], 512),
         (&long[..300], 100),
         (&long[..], 512),
         (&long[..1030], 512),
     ];
-    let mut few_rows = Placement::gpu_formulation_on_cpu(true);
-    few_rows.few_query_rows = true;
-    for (placement, cases) in [
-        (Placement::gpu_formulation_on_cpu(true), &cases[..]),
-        (few_rows, &cases[2..]),
-        (Placement::gpu_formulation_on_cpu(false), &cases[1..3]),
-    ] {
-        let gpu = placed(placement);
-        same_logits(&cpu.model, &gpu.model, cases);
-    }
+    same_logits(&cpu.model, &gpu_formulation(true).model, &cases);
 }
 
 fn same_logits(cpu: &Model, gpu: &Model, cases: &[(&[u32], usize)]) {
@@ -119,11 +128,9 @@ fn same_logits(cpu: &Model, gpu: &Model, cases: &[(&[u32], usize)]) {
             // Measured: at most 5.3e-5 against logits up to 35 (f32, other op orders); a
             // padding row seen by a real query moved them by 3.7.
             worst <= 1e-4 * scale.max(1.0),
-            "{} tokens in chunks of {chunk}, padded {} (few rows {}): logits differ by {worst} \
-             (largest {scale})",
+            "{} tokens in chunks of {chunk}, padded {}: logits differ by {worst} (largest {scale})",
             tokens.len(),
             gpu.placement.pads_prefill,
-            gpu.placement.few_query_rows
         );
     }
 }

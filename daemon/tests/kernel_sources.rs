@@ -1,5 +1,6 @@
 //! Every custom CUDA kernel of the engine, in every variant a decode step applies, written out
-//! as the source MLX compiles (`MLXCEL_KERNEL_SOURCES`): on any backend, nothing evaluated. Here
+//! as the source MLX compiles (into `MLXCEL_KERNEL_SOURCES`, else a temporary directory): on any
+//! backend with the CUDA backend compiled (`--features cuda`), nothing evaluated. Here
 //! each source is checked for what a render must hold (one kernel, its constants, no
 //! placeholder left); `scripts/cuda_kernel_check.sh` runs this test and compiles every source it
 //! wrote with NVRTC for the GPUs we run on, on a machine without one.
@@ -10,38 +11,28 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use mlx_rs::{Array, Dtype, ops};
+use mlxcel_daemon::backend::Epilogue;
+use mlxcel_daemon::backend::cuda::attention::{attend_batch, attend_tables, lengths};
+use mlxcel_daemon::backend::cuda::few_rows::CudaSkinny;
+use mlxcel_daemon::backend::cuda::kernel::write_sources_to;
 use mlxcel_daemon::kv::{BatchKeys, OwnKeys};
-use mlxcel_daemon::model::attention_cuda::{attend_batch, attend_tables, lengths};
-use mlxcel_daemon::model::skinny_cuda::{CudaSkinny, Epilogue, RmsNorm};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
 
 fn zeros(shape: &[i32], dtype: Dtype) -> Array {
     ops::zeros_dtype(shape, dtype).unwrap()
 }
 
-/// The few-row matmul: each epilogue, with and without the norm, both tile counts, f16 and
-/// bf16.
+/// The few-row matmul: each epilogue, both tile counts, f16 and bf16.
 fn few_rows() {
     let (n, k) = (64, 128);
     for dtype in [Dtype::Float16, Dtype::Bfloat16] {
         let w = CudaSkinny::new(&zeros(&[n, k], dtype)).expect("a half weight is taken");
-        let nw = zeros(&[k], dtype);
         for rows in [2, 9] {
             let x = zeros(&[rows, 1, k], dtype);
             let r = zeros(&[rows, 1, n], dtype);
-            for normed in [false, true] {
-                for epilogue in [Epilogue::Plain, Epilogue::Add(&r), Epilogue::SwiGlu] {
-                    let y = if normed {
-                        let norm = RmsNorm {
-                            weight: &nw,
-                            eps: 1e-5,
-                        };
-                        w.forward_normed(&x, norm, epilogue)
-                    } else {
-                        w.forward_with(&x, epilogue)
-                    };
-                    assert!(y.unwrap().is_some(), "{dtype:?} {rows} rows applied");
-                }
+            for epilogue in [Epilogue::Plain, Epilogue::Add(&r), Epilogue::SwiGlu] {
+                let y = w.forward_with(&x, &epilogue);
+                assert!(y.unwrap().is_some(), "{dtype:?} {rows} rows applied");
             }
         }
     }
@@ -107,42 +98,19 @@ fn table_attention() {
     }
 }
 
-/// RoPE and K/V packing: each case of the GPU test.
-fn rope_kv() {
-    for (dtype, r) in support::cuda::rope_cases() {
-        let b = 5;
-        let offsets = Array::from_slice(&[0, 7, 300, 1, 4000], &[b]);
-        let (q, k, v) = (
-            zeros(&[b, 1, r.heads * r.head_dim], dtype),
-            zeros(&[b, 1, r.kv_heads * r.head_dim], dtype),
-            zeros(&[b, 1, r.kv_heads * r.head_dim], dtype),
-        );
-        let out = r.apply(&q, &k, &v, &offsets).unwrap();
-        assert!(
-            out.is_some(),
-            "{dtype:?} {}/{} applied",
-            r.heads,
-            r.kv_heads
-        );
-    }
-}
-
 #[test]
 fn every_kernel_is_written_as_mlx_compiles_it() {
-    let dir = match std::env::var_os("MLXCEL_KERNEL_SOURCES") {
+    let dir = match mlxcel_tests::knob("KERNEL_SOURCES") {
         Some(dir) => PathBuf::from(dir),
-        None => {
-            let dir = std::env::temp_dir().join(format!("mlxcel-kernels-{}", std::process::id()));
-            // SAFETY: set before any kernel is made (the variable is read once, on first use),
-            // and this test binary runs no other test that reads the environment.
-            unsafe { std::env::set_var("MLXCEL_KERNEL_SOURCES", &dir) };
-            dir
-        }
+        None => std::env::temp_dir().join(format!("mlxcel-kernels-{}", std::process::id())),
     };
+    assert!(
+        write_sources_to(dir.clone()),
+        "set before any kernel is made"
+    );
     few_rows();
     padded_attention();
     table_attention();
-    rope_kv();
     let mut kernels = BTreeSet::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -154,14 +122,7 @@ fn every_kernel_is_written_as_mlx_compiles_it() {
             source.contains("  using T = "),
             "{name}: its dtype constant"
         );
-        for left in [
-            "NORM_",
-            "ROW_SCALE",
-            "{LENGTH}",
-            "{LOCATE}",
-            "{FINISH}",
-            "STORE",
-        ] {
+        for left in ["{LENGTH}", "{LOCATE}", "{FINISH}", "STORE"] {
             assert!(!source.contains(left), "{name}: {left} left in");
         }
         let open = source.matches('{').count();
@@ -179,14 +140,10 @@ fn every_kernel_is_written_as_mlx_compiles_it() {
         "mlxcel_few_rows_float16",
         "mlxcel_few_rows_add_float16",
         "mlxcel_few_rows_swiglu_bfloat16",
-        "mlxcel_few_rows_normed_float16",
-        "mlxcel_few_rows_add_normed_bfloat16",
-        "mlxcel_few_rows_swiglu_normed_float16",
         "mlxcel_decode_attention_float",
         "mlxcel_table_attention_float16",
         "mlxcel_table_attention_part_float",
         "mlxcel_attention_merge_float16",
-        "mlxcel_rope_kv_bfloat16",
     ] {
         assert!(
             kernels.iter().any(|k| k.starts_with(want)),

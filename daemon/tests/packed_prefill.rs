@@ -1,15 +1,19 @@
 //! Several sequences' prefill chunks in one forward pass (`Model::forward_packed`, what the
 //! engine runs when requests arrive together) give each sequence the logits and the greedy
 //! tokens it gets alone: on the CPU's formulation and on CUDA's (padded rows, through MLX's CPU
-//! reference of the fused ops), with one sequence continued from a chunk of an earlier pass;
+//! reference of the fused ops; with the CUDA backend compiled: `make check-cuda`), with one sequence continued from a chunk of an earlier pass;
 //! and with the keys gathered from a pool whose free blocks are scattered (what a GPU reads when
 //! a prompt's blocks are many runs).
 
-use mlxcel_daemon::device::{DeviceChoice, Placement};
-use mlxcel_daemon::kv::BatchKv;
-use mlxcel_daemon::paged::{OwnRead, PagedBatch, PagedChunks, PagedSeq};
+use mlxcel_daemon::device::DeviceChoice;
+#[cfg(mlxcel_cuda)]
+use mlxcel_daemon::device::Placement;
+#[cfg(mlxcel_cuda)]
+use mlxcel_daemon::load_placed;
+use mlxcel_daemon::paged::{OwnRead, PagedBatch, PagedChunks};
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
-use mlxcel_daemon::{Loaded, load_on, load_placed};
+use mlxcel_daemon::scheduler::BlockTable;
+use mlxcel_daemon::{Loaded, load_on};
 use mlxcel_tests::{fixtures, ids, root};
 
 fn path() -> std::path::PathBuf {
@@ -46,10 +50,10 @@ fn argmax(row: &[f32]) -> u32 {
 
 /// Holds every other block of `pool` (two fillers allocated in turn, one freed): what is left
 /// free is scattered, one block per run. Returns the filler to free at the end.
-fn scatter_free_blocks(pool: &mut BlockPool) -> PagedSeq {
-    let (mut kept, mut freed) = (PagedSeq::default(), PagedSeq::default());
+fn scatter_free_blocks(pool: &mut BlockPool) -> BlockTable {
+    let (mut kept, mut freed) = (BlockTable::default(), BlockTable::default());
     for blocks in 1..=32 {
-        assert!(kept.reserve(pool, 16 * blocks) && freed.reserve(pool, 16 * blocks));
+        assert!(kept.grow(pool, 16 * blocks).is_some() && freed.grow(pool, 16 * blocks).is_some());
     }
     freed.free(pool);
     kept
@@ -64,7 +68,8 @@ fn packed_prefill_matches_each_sequence_alone(m: &Loaded, read: OwnRead, scatter
     let mut alone_pool = pool(m);
     let mut alone = Vec::new();
     for p in &prompts[..3] {
-        let mut seq = PagedSeq::default();
+        let mut seq = BlockTable::default();
+        seq.grow(&mut alone_pool, p.len()).expect("room");
         let l = m
             .model
             .forward(p, &mut seq.store(&mut alone_pool))
@@ -75,10 +80,12 @@ fn packed_prefill_matches_each_sequence_alone(m: &Loaded, read: OwnRead, scatter
     // Packed: chat 0 whole with chat 1's first half, then chat 1's rest with chat 2 whole.
     let mut pool = pool(m);
     let filler = scattered.then(|| scatter_free_blocks(&mut pool));
-    let mut seqs: Vec<PagedSeq> = (0..3).map(|_| PagedSeq::default()).collect();
+    let mut seqs: Vec<BlockTable> = (0..3).map(|_| BlockTable::default()).collect();
     let half = prompts[1].len() / 2;
     let (s0, rest) = seqs.split_at_mut(1);
     let (s1, s2) = rest.split_at_mut(1);
+    s0[0].grow(&mut pool, prompts[0].len()).expect("room");
+    s1[0].grow(&mut pool, half).expect("room");
     let first = {
         let mut kv = PagedChunks::new(vec![&mut s0[0], &mut s1[0]], &mut pool).reading(read);
         let chunks = [&prompts[0][..], &prompts[1][..half]];
@@ -88,6 +95,10 @@ fn packed_prefill_matches_each_sequence_alone(m: &Loaded, read: OwnRead, scatter
                 .expect("first pass"),
         )
     };
+    s1[0]
+        .grow(&mut pool, prompts[1].len() - half)
+        .expect("room");
+    s2[0].grow(&mut pool, prompts[2].len()).expect("room");
     let second = {
         let mut kv = PagedChunks::new(vec![&mut s1[0], &mut s2[0]], &mut pool).reading(read);
         let chunks = [&prompts[1][half..], &prompts[2][..]];
@@ -114,8 +125,10 @@ fn packed_prefill_matches_each_sequence_alone(m: &Loaded, read: OwnRead, scatter
     let mut next: Vec<u32> = (0..3).map(|i| golden[i][0]).collect();
     let mut got: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
     for _ in 1..8 {
+        for s in seqs.iter_mut() {
+            s.grow(&mut pool, 1).expect("room");
+        }
         let mut kv = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
-        kv.reserve().expect("room");
         let l = m.model.forward_batch(&next, &mut kv).expect("decode");
         next = rows(&l).iter().map(|r| argmax(r)).collect();
         got.iter_mut().zip(&next).for_each(|(g, &t)| g.push(t));
@@ -124,14 +137,16 @@ fn packed_prefill_matches_each_sequence_alone(m: &Loaded, read: OwnRead, scatter
         assert_eq!(g[..], golden[i][..8], "chat {i}'s first 8 tokens");
     }
     if scattered {
-        let runs = pool.span_count(&seqs[1].table);
+        let runs = pool.span_count(&seqs[1].blocks);
         assert!(
             runs > 2,
             "chat 1's {} blocks are {runs} runs",
-            seqs[1].table.len()
+            seqs[1].blocks.len()
         );
     }
-    seqs.iter_mut().for_each(|s| s.free(&mut pool));
+    for s in seqs.iter_mut() {
+        s.free(&mut pool);
+    }
     if let Some(mut f) = filler {
         f.free(&mut pool);
     }
@@ -144,9 +159,10 @@ fn packed_prefill_gives_each_sequence_its_logits_and_golden_tokens_on_the_cpu() 
     packed_prefill_matches_each_sequence_alone(&m, OwnRead::Cheaper, true);
 }
 
+#[cfg(mlxcel_cuda)]
 #[test]
 fn packed_prefill_gives_each_sequence_its_logits_and_golden_tokens_in_cudas_formulation() {
-    let m = load_placed(&path(), Placement::gpu_formulation_on_cpu(true)).expect("load");
+    let m = load_placed(&path(), Placement::formulation_on_cpu(true)).expect("load");
     assert!(m.model.placement.pads_prefill);
     packed_prefill_matches_each_sequence_alone(&m, OwnRead::Spans, false);
     packed_prefill_matches_each_sequence_alone(&m, OwnRead::Gather, true);

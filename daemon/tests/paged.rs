@@ -6,9 +6,10 @@ mod support;
 
 use mlx_rs::Dtype;
 use mlxcel_daemon::generate::{GenerateRequest, generate};
-use mlxcel_daemon::paged::PagedSeq;
 use mlxcel_daemon::pool::{BlockPool, PoolShape};
+use mlxcel_daemon::scheduler::BlockTable;
 use mlxcel_tests::{fixtures, ids, root};
+use support::{forward_alone, grow_rows};
 
 fn shape(layers: usize, num_blocks: u32, block_tokens: usize) -> PoolShape {
     PoolShape {
@@ -40,7 +41,7 @@ fn paged_attention_gives_the_golden_tokens_and_shares_prefixes() {
             let prompt = ids(&chat["prompt_ids"]);
             let want = ids(&chat["greedy_ids"]);
             // A cold sequence computes the whole prompt.
-            let mut a = PagedSeq::default();
+            let mut a = BlockTable::default();
             let got = generate(
                 &m.model,
                 &mut a.store(&mut pool),
@@ -51,11 +52,11 @@ fn paged_attention_gives_the_golden_tokens_and_shares_prefixes() {
             assert_eq!(got.tokens, want, "block_tokens {block_tokens}");
             // A second sequence maps the first one's full prompt blocks and computes only the rest.
             let shared_blocks = (prompt.len() - 1) / block_tokens;
-            let shared: Vec<u32> = a.table[..shared_blocks].to_vec();
+            let shared: Vec<u32> = a.blocks[..shared_blocks].to_vec();
             for &b in &shared {
                 pool.retain(b);
             }
-            let mut b = PagedSeq::with_prefix(shared, block_tokens);
+            let mut b = BlockTable::with_prefix(shared, block_tokens);
             assert_eq!(b.len, shared_blocks * block_tokens);
             let got = generate(
                 &m.model,
@@ -70,7 +71,7 @@ fn paged_attention_gives_the_golden_tokens_and_shares_prefixes() {
                 "with {shared_blocks} shared blocks of {block_tokens}"
             );
             assert!(
-                a.table[..shared_blocks]
+                a.blocks[..shared_blocks]
                     .iter()
                     .all(|&x| pool.refcount(x) == 2)
             );
@@ -87,7 +88,7 @@ fn a_full_pool_says_not_now_without_taking_more_blocks() {
     let m = mlxcel_daemon::load(&root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
         .expect("make setup");
     let mut pool = BlockPool::new(shape(m.model.config.layers, 2, 16)).unwrap();
-    let mut seq = PagedSeq::default();
+    let mut seq = BlockTable::default();
     let err = generate(
         &m.model,
         &mut seq.store(&mut pool),
@@ -97,7 +98,7 @@ fn a_full_pool_says_not_now_without_taking_more_blocks() {
     .unwrap_err();
     assert!(err.to_string().contains("KV pool is full"), "{err}");
     // The first 24-token chunk took both blocks; the second chunk's refusal took nothing more.
-    assert_eq!((seq.table.len(), pool.free_blocks()), (2, 0));
+    assert_eq!((seq.blocks.len(), pool.free_blocks()), (2, 0));
     seq.free(&mut pool);
     assert_eq!(pool.free_blocks(), 2);
 }
@@ -166,25 +167,23 @@ fn a_batch_whose_rows_share_prompt_blocks_reads_them_once_and_keeps_the_golden_t
     for read in [OwnRead::Cheaper, OwnRead::Gather, OwnRead::Spans] {
         let mut pool = BlockPool::new(shape(m.model.config.layers, 64, bt)).unwrap();
         // Row 0 computes the prompt; rows 1 and 2 map its full blocks and compute the rest.
-        let mut seqs = vec![PagedSeq::default()];
-        let first = m
-            .model
-            .forward(&prompt, &mut seqs[0].store(&mut pool))
-            .unwrap();
+        let mut seqs = vec![BlockTable::default()];
+        let first = forward_alone(&m.model, &mut seqs[0], &mut pool, &prompt).unwrap();
         let shared_blocks = (prompt.len() - 1) / bt;
         let mut next = vec![argmax(first.as_slice::<f32>())];
         for _ in 0..2 {
-            let shared: Vec<u32> = seqs[0].table[..shared_blocks].to_vec();
+            let shared: Vec<u32> = seqs[0].blocks[..shared_blocks].to_vec();
             shared.iter().for_each(|&b| pool.retain(b));
-            let mut seq = PagedSeq::with_prefix(shared, bt);
+            let mut seq = BlockTable::with_prefix(shared, bt);
             let rest = &prompt[shared_blocks * bt..];
-            let logits = m.model.forward(rest, &mut seq.store(&mut pool)).unwrap();
+            let logits = forward_alone(&m.model, &mut seq, &mut pool, rest).unwrap();
             next.push(argmax(logits.as_slice::<f32>()));
             seqs.push(seq);
         }
         let mut got: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
         for _ in 1..24 {
             let logits = {
+                grow_rows(seqs.iter_mut(), &mut pool);
                 let batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
                 m.model
                     .forward_batch(&next, &mut batch.reading(read))
@@ -199,7 +198,9 @@ fn a_batch_whose_rows_share_prompt_blocks_reads_them_once_and_keeps_the_golden_t
         for tokens in &got {
             assert_eq!(tokens[..], want[..24], "own blocks read as {read:?}");
         }
-        seqs.iter_mut().for_each(|s| s.free(&mut pool));
+        for s in seqs.iter_mut() {
+            s.free(&mut pool);
+        }
         assert_eq!(pool.free_blocks(), 64);
     }
 }
@@ -231,7 +232,7 @@ fn batched_decode_in_the_gpus_formulation_gives_the_golden_tokens() {
     // run, gathered when they are scattered.
     let m = mlxcel_daemon::load_placed(
         &root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        Placement::gpu_formulation_on_cpu(true),
+        Placement::formulation_on_cpu(false),
     )
     .expect("make setup");
     assert!(m.model.placement.gpu);
@@ -278,14 +279,12 @@ fn decode_goldens(
     } else {
         Vec::new()
     };
-    let mut seqs: Vec<PagedSeq> = Vec::new();
+    let mut seqs: Vec<BlockTable> = Vec::new();
     let mut next: Vec<u32> = Vec::new();
     for chat in chats {
-        let mut seq = PagedSeq::default();
-        let logits = m
-            .model
-            .forward(&ids(&chat["prompt_ids"]), &mut seq.store(&mut pool))
-            .unwrap();
+        let mut seq = BlockTable::default();
+        let logits =
+            forward_alone(&m.model, &mut seq, &mut pool, &ids(&chat["prompt_ids"])).unwrap();
         next.push(argmax(logits.as_slice::<f32>()));
         seqs.push(seq);
     }
@@ -293,6 +292,7 @@ fn decode_goldens(
     let mut last = Vec::new();
     for _ in 1..32 {
         let logits = {
+            grow_rows(seqs.iter_mut(), &mut pool);
             let mut batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool).reading(read);
             m.model.forward_batch(&next, &mut batch).unwrap()
         };

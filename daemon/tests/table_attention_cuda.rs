@@ -1,4 +1,4 @@
-//! Decode attention read by block table (`attention_cuda::attend_tables`): a real pool whose
+//! Decode attention read by block table (`backend::cuda::attention::attend_tables`): a real pool whose
 //! sequences' blocks lie scattered over several slabs, written through the pool, gives what a
 //! softmax over each row's keys gives (f32, MLX's ops), for rows of different lengths, in one
 //! pass and split into parts, f16 and f32, and the group sizes of SmolLM2 (3) and Llama 3 8B
@@ -10,10 +10,11 @@ mod support;
 
 use mlx_rs::Dtype;
 use mlx_rs::ops::indexing::IndexOp;
-use mlxcel_daemon::kv::{BatchKv, OwnKeys, OwnLayout, TABLE_SLAB_SHIFT};
-use mlxcel_daemon::model::attention_cuda::{attend_tables, parts};
-use mlxcel_daemon::paged::{PagedBatch, PagedSeq};
-use mlxcel_daemon::pool::{BlockId, BlockPool, MOST_TABLE_SLABS, PoolShape};
+use mlxcel_daemon::backend::cuda::attention::{attend_tables, parts};
+use mlxcel_daemon::kv::{BatchKv, MOST_TABLE_SLABS, OwnKeys, OwnLayout, TABLE_SLAB_SHIFT};
+use mlxcel_daemon::paged::PagedBatch;
+use mlxcel_daemon::pool::{BlockId, BlockPool, PoolShape};
+use mlxcel_daemon::scheduler::BlockTable;
 use support::cuda::{max_error, normal, on_cuda, reference, tolerance};
 
 const BT: usize = 16;
@@ -89,16 +90,18 @@ fn a_decode_step_asking_for_tables_gets_each_rows_blocks_and_length_after_its_wr
     let mut pool = BlockPool::with_slab_blocks(shape(2, 32, Dtype::Float32), 4).unwrap();
     let lens = [40, 3, 20];
     let tables = scattered(&mut pool, &lens);
-    let mut seqs: Vec<PagedSeq> = tables
+    let mut seqs: Vec<BlockTable> = tables
         .iter()
         .zip(lens)
-        .map(|(t, len)| PagedSeq {
-            table: t.clone(),
+        .map(|(t, len)| BlockTable {
+            blocks: t.clone(),
             len,
         })
         .collect();
+    for s in seqs.iter_mut() {
+        s.grow(&mut pool, 1).expect("room");
+    }
     let mut batch = PagedBatch::new(seqs.iter_mut().collect(), &mut pool);
-    batch.reserve().unwrap();
     let row = normal(&[3, 2, 1, 32], Dtype::Float32);
     let keys = batch
         .append_all(1, row.clone(), row, OwnLayout::Tables)
@@ -116,11 +119,11 @@ fn a_decode_step_asking_for_tables_gets_each_rows_blocks_and_length_after_its_wr
     drop(batch);
     // Rows over more slabs than the kernel takes are gathered instead.
     let long = [BT * 4 * (MOST_TABLE_SLABS + 1) - 1];
-    let mut seq = PagedSeq::default();
-    assert!(seq.reserve(&mut pool, long[0]));
+    let mut seq = BlockTable::default();
+    assert!(seq.grow(&mut pool, long[0]).is_some());
     seq.len = long[0];
+    seq.grow(&mut pool, 1).expect("room");
     let mut batch = PagedBatch::new(vec![&mut seq], &mut pool);
-    batch.reserve().unwrap();
     let row = normal(&[1, 2, 1, 32], Dtype::Float32);
     let keys = batch
         .append_all(0, row.clone(), row, OwnLayout::Tables)

@@ -16,74 +16,51 @@ use crate::tenants::Keys;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "mlxcel-frontend", version, about, long_about)]
 pub struct Args {
-    /// Address to listen on. Anything but loopback requires --api-key.
     #[arg(long, env = "MLXCEL_HOST", default_value = "127.0.0.1")]
     pub host: String,
 
-    /// TCP port to listen on.
     #[arg(long, env = "MLXCEL_PORT", default_value_t = 8080)]
     pub port: u16,
 
-    /// Directory of the sockets (default: $XDG_RUNTIME_DIR/mlxcel, else /tmp/mlxcel-<uid>).
     #[arg(long, env = "MLXCEL_SOCKET_DIR", value_name = "DIR")]
     pub socket_dir: Option<PathBuf>,
 
-    /// Bearer token clients must send (`Authorization: Bearer <key>`) on every route but
-    /// /health. Prefer MLXCEL_API_KEY or --api-keys-file: arguments are visible in `ps`.
     #[arg(long, env = "MLXCEL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
-    /// A file of API keys, one per line, each optionally followed by a tenant name. Tenants
-    /// never share cached prefixes; a key without a name is a tenant of its own.
     #[arg(long, env = "MLXCEL_API_KEYS_FILE", value_name = "FILE")]
     pub api_keys_file: Option<PathBuf>,
 
-    /// The key the admin routes (/v1/cache/entries, /v1/cache/evict) require once any key is
-    /// set. Without it, only a lone --api-key may use them. Prefer MLXCEL_ADMIN_KEY: arguments
-    /// are visible to other users in `ps`.
     #[arg(long, env = "MLXCEL_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
 
-    /// Host names served besides loopback ones and the bound address, comma-separated (`*` =
-    /// any). Others get 421: a web page rebinding its name to this machine is refused.
     #[arg(long, env = "MLXCEL_ALLOWED_HOSTS", value_name = "HOSTS")]
     pub allowed_hosts: Option<String>,
 
-    /// Web page origins (`https://ui.example.com`) whose browser requests are served besides
-    /// loopback ones, comma-separated (`*` = any). Others get 403, CORS preflights included.
     #[arg(long, env = "MLXCEL_ALLOWED_ORIGINS", value_name = "ORIGINS")]
     pub allowed_origins: Option<String>,
 
-    /// Requests that may wait for their first token at once; more get 429.
     #[arg(long, env = "MLXCEL_MAX_QUEUE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_queue: u32,
 
-    /// Largest request body, e.g. 8MiB; larger ones get 413.
     #[arg(long, env = "MLXCEL_MAX_BODY_BYTES", default_value = "8MiB", value_parser = parse_size)]
     pub max_body_bytes: u64,
 
-    /// Open HTTP connections served at once; one more gets 503 and is closed.
     #[arg(long, env = "MLXCEL_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
-    /// A client that reads nothing of its response for this long is disconnected and its
-    /// generation cancelled (its blocks freed).
     #[arg(long, env = "MLXCEL_WRITE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub write_timeout: Duration,
 
-    /// A request's headers must arrive within this long, or the connection is closed.
     #[arg(long, env = "MLXCEL_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub header_timeout: Duration,
 
-    /// A request's body must arrive within this long, or it gets 408.
     #[arg(long, env = "MLXCEL_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub body_timeout: Duration,
 
-    /// Largest IPC frame from the daemon (its model info carries the tokenizer), at most 64MiB.
     #[arg(long, env = "MLXCEL_DAEMON_MAX_FRAME_BYTES", default_value = "32MiB", value_parser = parse_size)]
     pub max_frame_bytes: u64,
 
-    /// Log filter: error, warn, info, debug, trace, or a tracing directive list.
     #[arg(long, env = "MLXCEL_LOG", default_value = "info")]
     pub log_level: String,
 }

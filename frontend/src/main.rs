@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use mlxcel_config::Section;
 use mlxcel_frontend::cache_admin::CacheAdmin;
 use mlxcel_frontend::config::Args;
@@ -27,7 +26,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let args = Args::parse();
+    let args: Args = mlxcel_config::cli::parse(mlxcel_config::Section::Frontend);
     mlxcel_config::logging::init("mlxcel-frontend", &args.log_level);
     if let Some(path) = &config_file {
         tracing::info!(file = %path.display(), "configuration file read");
@@ -101,7 +100,8 @@ async fn run(args: Args) -> Result<(), String> {
     let app = routes::router(state);
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        mlxcel_ipc::signals::terminate_or_interrupt().await;
+        mlxcel_ipc::signals::terminate_or_interrupt(mlxcel_config::process_env::lifeline_fd())
+            .await;
         tracing::info!("stopping");
         stop.cancel();
     });

@@ -37,9 +37,11 @@ impl Lifeline {
     }
 }
 
-/// The child's side: returns when the supervisor named by [`ENV`] is gone; never, without one.
-pub async fn supervisor_gone() {
-    let Some(fd) = std::env::var(ENV).ok().and_then(|v| v.parse::<i32>().ok()) else {
+/// The child's side: returns when the supervisor whose lifeline is the inherited descriptor
+/// `fd` (the value of [`ENV`], read by `mlxcel_config::process_env::lifeline_fd`) is gone; never,
+/// without one.
+pub async fn supervisor_gone(fd: Option<i32>) {
+    let Some(fd) = fd else {
         return std::future::pending().await;
     };
     let (tx, rx) = tokio::sync::oneshot::channel();

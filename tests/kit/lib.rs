@@ -65,6 +65,18 @@ pub fn compiles_cpu_kernels() -> bool {
     cfg!(target_os = "linux") && compiler
 }
 
+/// A benchmark's or test's own knob, `MLXCEL_<name>` in the environment (benchmark settings
+/// such as `BENCH_CASES`, the kernel-source directory of `make check-cuda`): read here, in the
+/// test kit, so that no crate reads `MLXCEL_*` variables outside the configuration table.
+pub fn knob(name: &str) -> Option<String> {
+    std::env::var(format!("MLXCEL_{name}")).ok()
+}
+
+/// [`knob`] parsed, or `default` where it is unset or does not parse.
+pub fn knob_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    knob(name).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// The engine's golden fixtures (prompts rendered by the reference template engine, token ids).
 pub fn fixtures() -> Value {
     let path = root().join("daemon/tests/fixtures/smollm2_golden.json");

@@ -9,10 +9,11 @@ use mlxcel_ipc::proto::WireError;
 use mlxcel_ipc::proto::cache::DonatedBlock;
 use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, Generate, RequestId};
 
-use super::sequence::Sequence;
 use super::{Engine, Prefix};
-use crate::paged::PagedSeq;
+use crate::runner::{End, Ends};
 use crate::sampler::Sampler;
+use crate::scheduler::{BlockTable, Job, Refusal, StepPlan};
+use crate::sequence::Sequence;
 
 impl Engine {
     pub(super) fn submit(&mut self, conn: u64, req: Generate, acquiring: bool, events: EventSink) {
@@ -45,7 +46,7 @@ impl Engine {
             id: req.request_id,
             sampler: Sampler::new(req.sampling.clone(), &req.prompt).with_logprobs(req.logprobs),
             max_tokens: (req.max_tokens as usize).min(ctx - req.prompt.len()),
-            kv: PagedSeq::default(),
+            kv: BlockTable::default(),
             prompt: req.prompt,
             generated: Vec::new(),
             awaiting_prefix: acquiring,
@@ -57,7 +58,7 @@ impl Engine {
             started_at: now,
             prefill_done_at: None,
             next_logits: None,
-            pending: None,
+            input: None,
         });
     }
 
@@ -82,7 +83,7 @@ impl Engine {
             prefix.lease,
         );
         s.cached_tokens = mapped.len() * bt;
-        s.kv = PagedSeq::with_prefix(mapped, bt);
+        s.kv = BlockTable::with_prefix(mapped, bt);
         s.awaiting_prefix = false;
     }
 
@@ -98,11 +99,11 @@ impl Engine {
             });
         let offered: Vec<DonatedBlock> = hashes
             .iter()
-            .zip(&s.kv.table)
+            .zip(&s.kv.blocks)
             .map(|(&hash, &block)| DonatedBlock { hash, block })
             .collect();
         let seq = std::mem::take(&mut s.kv);
-        self.cache.donate(&mut self.pool, seq.table, offered);
+        self.cache.donate(&mut self.pool, seq.blocks, offered);
         s.events.send(DaemonToFrontend::Done {
             request_id: s.id,
             finish: reason,
@@ -129,5 +130,59 @@ impl Engine {
             error,
         });
         s.kv.free(&mut self.pool);
+    }
+
+    /// What a step's plan asks of the engine besides the work: the admitted requests' start
+    /// times, the cache asked for the blocks the pool lacked, the refused requests failed.
+    pub(super) fn planned(&mut self, plan: &mut StepPlan<Sequence>) {
+        let now = Instant::now();
+        for s in self.sched.running_mut() {
+            if plan.admitted.contains(&s.key()) {
+                s.started_at = now;
+            }
+        }
+        self.preemptions += plan.preempted.len() as u64;
+        if let Some(short) = plan.short {
+            self.cache.reclaim(short.max(1));
+        }
+        for (s, refusal) in std::mem::take(&mut plan.refused) {
+            let message = self.refusal(&s, refusal);
+            self.fail(s, WireError::new(ErrorCode::BadRequest, message));
+        }
+    }
+
+    /// Answers the requests that ended and gives back what they held.
+    pub(super) fn retire(&mut self, ends: Ends) {
+        for (key, end) in ends {
+            let Some(s) = self.sched.remove(key) else {
+                continue;
+            };
+            match end {
+                End::Finished(reason) => self.finish(s, reason),
+                End::Failed(e) => self.fail(s, e.wire()),
+            }
+        }
+    }
+
+    /// What a refused request is told.
+    fn refusal(&self, s: &Sequence, refusal: Refusal) -> String {
+        let shape = self.pool.shape();
+        let blocks = u64::from(shape.num_blocks);
+        let ceiling = format!(
+            "{} tokens ({})",
+            blocks * shape.block_tokens as u64,
+            mlxcel_ipc::size::format_size(blocks * shape.block_bytes() as u64)
+        );
+        match refusal {
+            Refusal::LongerThanPool { .. } => format!(
+                "the prompt needs {} tokens of KV, more than the KV pool's ceiling of {ceiling}; \
+                 send a shorter prompt or raise --kv-pool-bytes",
+                s.prompt.len() + 1
+            ),
+            Refusal::NoRoom => format!(
+                "the request needs more KV than the KV pool's ceiling of {ceiling} (or the memory \
+                 for it could not be allocated); ask for fewer tokens or raise --kv-pool-bytes"
+            ),
+        }
     }
 }

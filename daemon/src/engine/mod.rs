@@ -2,12 +2,13 @@
 //! only place MLX runs. Sockets and timers live on tokio and talk to it through [`Command`]s; it
 //! answers through per-connection event channels, so a slow client never stalls a step.
 //!
-//! Rooms: [`setup`] loads the model and sizes the pool; [`scheduler`] decides (FIFO admission by
-//! free blocks, the prefill budget, preemption order: pure, tested without MLX); [`step`] runs
-//! what it decides (prefill chunks, one batched decode pass) and [`step_clock`] where its time
-//! went; [`lifecycle`] is a request's entry and end;
-//! [`cache_link`] is the cache side of each request (prefix mapping, donations, the manager's
-//! orders, and the trust boundary on the ids it sends); [`sequence`] is one request's state.
+//! A step is a short loop ([`Engine::step`]): the runner samples what waits on the host, the
+//! scheduler plans (admission, prefill chunks, decode rows, the blocks they take, preemption),
+//! the runner executes the plan, and the requests that ended are answered. Rooms: [`setup`]
+//! loads the model and sizes the pool ([`ceiling`]); [`warmup`] runs the shapes serving will
+//! before the daemon listens; [`lifecycle`] is a request's entry and end; [`cache_link`] is the
+//! cache side of each request (prefix mapping, donations, the manager's orders, and the trust
+//! boundary on the ids it sends); [`events`] carries a request's events to its connection.
 //!
 //! A request arrives before its cached prefix: the server submits it at once and asks the cache
 //! manager in parallel, within a deadline. The prefix follows as [`Command::Prefix`] (empty when
@@ -16,16 +17,9 @@
 
 mod cache_link;
 mod ceiling;
-mod decode;
-mod draws;
 mod events;
 mod lifecycle;
-mod prefill;
-pub mod scheduler;
-mod sequence;
 mod setup;
-mod step;
-mod step_clock;
 pub mod warmup;
 
 use std::path::PathBuf;
@@ -42,9 +36,10 @@ pub use events::{EventQueue, EventSink, event_queue};
 
 use crate::cache_client::{CacheClient, ManagerOrder};
 use crate::pool::BlockPool;
+use crate::runner::Runner;
+use crate::scheduler::Scheduler;
+use crate::sequence::Sequence;
 use crate::{EngineError, Loaded, Result};
-use scheduler::Scheduler;
-use sequence::Sequence;
 
 /// How the engine runs.
 #[derive(Debug, Clone)]
@@ -164,7 +159,7 @@ pub fn spawn(
 
 /// MLX keeps freed buffers in its own cache until told otherwise, and glibc its free pages.
 fn give_back_freed_memory() {
-    give_back_transient_memory();
+    crate::runner::give_back_transient_memory();
     let built = crate::jit_cache::publish();
     if !built.is_empty() {
         // A request met a shape the warm-up did not run, and waited on its build: the names say
@@ -173,28 +168,14 @@ fn give_back_freed_memory() {
     }
 }
 
-/// What a step's work freed goes back to the system: MLX's buffer cache and glibc's free pages.
-/// After a prefill chunk these are its activations (tens of MiB at 512 tokens), which a burst of
-/// long prompts would otherwise keep resident on top of the KV it holds.
-fn give_back_transient_memory() {
-    if let Err(e) = mlx_rs::memory::clear_cache() {
-        tracing::warn!(error = %e, "cannot clear MLX's buffer cache");
-    }
-    crate::host_memory::trim_freed_memory();
-}
-
 struct Engine {
     loaded: Loaded,
     pool: BlockPool,
     config: EngineConfig,
     sched: Scheduler<Sequence>,
     cache: CacheLink,
+    runner: Runner,
     preemptions: u64,
-    /// Draws of next tokens queued so far, by decode steps and prefill passes (names each).
-    draws: u64,
-    /// The last queued prefill pass, not yet waited for (see [`Engine::prefill`]).
-    prefill_in_flight: Option<mlx_rs::Array>,
-    clock: step_clock::StepClock,
     vitals: Vitals,
     /// MLX's active memory right after the model loaded.
     weights_bytes: u64,
@@ -224,7 +205,7 @@ impl Engine {
             preemptions: self.preemptions,
             refused_block_ids: self.cache.refused(),
             pool: self.pool_stats(),
-            steps: self.clock.totals(),
+            steps: self.runner.totals(),
         };
         *self.vitals.lock().unwrap_or_else(|p| p.into_inner()) = now;
     }
@@ -238,8 +219,7 @@ impl Engine {
                     // Nothing runs: what the last requests freed goes back to the system, now
                     // and once more after a quiet second (the I/O threads free their last
                     // buffers after the engine is done).
-                    self.prefill_in_flight = None;
-                    self.clock.report();
+                    self.runner.report();
                     give_back_freed_memory();
                     match rx.recv_timeout(Duration::from_secs(1)) {
                         Err(RecvTimeoutError::Timeout) => {
@@ -276,16 +256,33 @@ impl Engine {
                     }
                 }
             }
-            let t = Instant::now();
-            self.admit();
-            self.publish();
-            self.clock.lap(step_clock::Phase::Other, t);
-            self.step_all();
-            let t = Instant::now();
-            self.publish();
-            self.clock.lap(step_clock::Phase::Other, t);
+            self.step();
         }
         self.shutdown();
+    }
+
+    /// One step: the runner samples what waits on the host, the scheduler plans, the runner
+    /// executes the plan, and the requests that ended are answered.
+    fn step(&mut self) {
+        let ends = self.runner.settle(self.sched.running_mut());
+        let t = Instant::now();
+        self.retire(ends);
+        let mut plan = self
+            .sched
+            .schedule(&mut self.pool, self.cache.may_free_blocks());
+        self.planned(&mut plan);
+        self.publish();
+        self.runner.lap_other(t);
+        let ends = self.runner.execute(
+            &self.loaded.model,
+            &plan,
+            self.sched.running_mut(),
+            &mut self.pool,
+        );
+        let t = Instant::now();
+        self.retire(ends);
+        self.publish();
+        self.runner.lap_other(t);
     }
 
     /// Applies one command; false to stop.

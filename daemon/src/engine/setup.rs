@@ -5,10 +5,10 @@ use mlxcel_ipc::Geometry;
 use mlxcel_ipc::proto::daemon::{ModelInfo, PoolStats};
 
 use super::ceiling;
-use super::scheduler::{Limits, Scheduler};
 use super::{CacheLink, Engine, EngineConfig, Started, Vitals};
 use crate::device_memory::PoolMemory;
 use crate::pool::{BlockPool, PoolShape};
+use crate::scheduler::{Limits, Scheduler};
 use crate::{EngineError, Result};
 use mlxcel_ipc::size::format_size;
 
@@ -129,13 +129,11 @@ impl Engine {
                 max_running: config.max_running,
                 block_tokens: config.block_tokens,
                 prefill_budget: config.prefill_chunk,
-                whole_chunks: whole_chunks(),
+                whole_chunks: true,
             }),
             cache: CacheLink::default(),
+            runner: Default::default(),
             preemptions: 0,
-            draws: 0,
-            prefill_in_flight: None,
-            clock: Default::default(),
             vitals: Vitals::default(),
             weights_bytes,
         };
@@ -154,11 +152,4 @@ impl Engine {
             },
         ))
     }
-}
-
-/// Whether a prompt that does not fit what is left of a step's prefill budget waits for the
-/// next step instead of adding a piece (`scheduler::Limits::whole_chunks`): yes, unless
-/// `MLXCEL_PREFILL_WHOLE_CHUNKS=0`.
-fn whole_chunks() -> bool {
-    std::env::var("MLXCEL_PREFILL_WHOLE_CHUNKS").as_deref() != Ok("0")
 }

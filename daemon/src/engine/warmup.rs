@@ -10,9 +10,11 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use crate::Result;
+use crate::kv::GrowingKv;
 use crate::model::Model;
-use crate::paged::{OwnRead, PagedBatch, PagedChunks, PagedSeq};
+use crate::paged::{OwnRead, PagedBatch, PagedChunks};
 use crate::pool::BlockPool;
+use crate::scheduler::BlockTable;
 use crate::warm_workers::{Part, Share};
 
 /// What a warm-up ran.
@@ -184,10 +186,8 @@ fn warm_chunks(model: &Model, pool: &mut BlockPool, chunks: &[usize], room: usiz
         let started = Instant::now();
         let (active, stored) = (mlx_rs::memory::active_memory()?, pool.measured_bytes());
         mlx_rs::memory::reset_peak_memory()?;
-        let mut seq = PagedSeq::default();
-        let out = model
-            .forward(&ids(tokens), &mut seq.store(pool))
-            .and_then(|l| Ok(l.eval()?));
+        let mut seq = BlockTable::default();
+        let out = forward(model, &mut seq, pool, &ids(tokens));
         let grown = pool.measured_bytes().saturating_sub(stored);
         let peak = mlx_rs::memory::peak_memory()? as u64;
         step_bytes = step_bytes.max(peak.saturating_sub(active as u64 + grown));
@@ -206,13 +206,12 @@ fn warm_gathered_chunk(model: &Model, pool: &mut BlockPool, tokens: usize) -> Re
     if tokens == 0 {
         return Ok(());
     }
-    let mut seq = PagedSeq::default();
-    let out = {
+    let mut seq = BlockTable::default();
+    let out = grow(&mut seq, pool, tokens).and_then(|()| {
         let mut kv = PagedChunks::new(vec![&mut seq], pool).reading(OwnRead::Gather);
-        model
-            .forward_packed(&[&ids(tokens)], &mut kv)
-            .and_then(|l| Ok(l.eval()?))
-    };
+        let l = model.forward_packed(&[&ids(tokens)], &mut kv)?;
+        Ok(l.eval()?)
+    });
     seq.free(pool);
     out
 }
@@ -222,20 +221,23 @@ fn warm_gathered_chunk(model: &Model, pool: &mut BlockPool, tokens: usize) -> Re
 /// length) is not; on a GPU those are different kernels. The second step's tokens are the
 /// first's draws, picked by row (a gather), as a step after a row ended reads them.
 fn warm_decode(model: &Model, pool: &mut BlockPool, batch: usize) -> Result<()> {
-    let mut seqs: Vec<PagedSeq> = (0..batch).map(|_| PagedSeq::default()).collect();
+    let mut seqs: Vec<BlockTable> = (0..batch).map(|_| BlockTable::default()).collect();
     let result = decode_steps(model, pool, &mut seqs);
-    seqs.iter_mut().for_each(|s| s.free(pool));
+    seqs.iter_mut().for_each(|s| {
+        s.free(pool);
+    });
     result
 }
 
 /// [`warm_decode`]'s work over `seqs` (new, empty), which the caller frees whatever happens.
-fn decode_steps(model: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq]) -> Result<()> {
+fn decode_steps(model: &Model, pool: &mut BlockPool, seqs: &mut [BlockTable]) -> Result<()> {
     for (i, s) in seqs.iter_mut().enumerate() {
-        model
-            .forward(&ids(1 + usize::from(i == 0)), &mut s.store(pool))?
-            .eval()?;
+        forward(model, s, pool, &ids(1 + usize::from(i == 0)))?;
     }
     let batch = seqs.len();
+    for s in seqs.iter_mut() {
+        grow(s, pool, 1)?;
+    }
     let logits = model.forward_batch(
         &ids(batch),
         &mut PagedBatch::new(seqs.iter_mut().collect(), pool),
@@ -244,6 +246,9 @@ fn decode_steps(model: &Model, pool: &mut BlockPool, seqs: &mut [PagedSeq]) -> R
     if batch > 1 {
         let rest: Vec<i32> = (1..batch as i32).collect();
         let ids = tokens.take_axis(mlx_rs::Array::from_slice(&rest, &[rest.len() as i32]), 0)?;
+        for s in seqs.iter_mut().skip(1) {
+            grow(s, pool, 1)?;
+        }
         let mut kv = PagedBatch::new(seqs.iter_mut().skip(1).collect(), pool);
         model.forward_step(&ids, &mut kv)?.eval()?;
     }
@@ -258,28 +263,57 @@ fn warm_split_decode(model: &Model, pool: &mut BlockPool, long: usize, chunk: us
     if (long + 1).div_ceil(bt) + 1 > pool.free_blocks() as usize || chunk == 0 {
         return Ok(());
     }
-    let mut seqs = [PagedSeq::default(), PagedSeq::default()];
+    let mut seqs = [BlockTable::default(), BlockTable::default()];
     let mut result = Ok(());
     while result.is_ok() && seqs[0].len < long {
         let n = chunk.min(long - seqs[0].len);
         let at = seqs[0].len;
         result = timed(&format!("the long row's chunk of {n} at {at}"), || {
-            Ok(model.forward(&ids(n), &mut seqs[0].store(pool))?.eval()?)
+            forward(model, &mut seqs[0], pool, &ids(n))
         });
     }
     if result.is_ok() {
         result = timed("the short row", || {
-            Ok(model.forward(&ids(1), &mut seqs[1].store(pool))?.eval()?)
+            forward(model, &mut seqs[1], pool, &ids(1))
         });
     }
     if result.is_ok() {
-        let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
         result = timed("the step", || {
+            for s in seqs.iter_mut() {
+                grow(s, pool, 1)?;
+            }
+            let mut kv = PagedBatch::new(seqs.iter_mut().collect(), pool);
             Ok(model.forward_batch(&ids(2), &mut kv)?.eval()?)
         });
     }
-    seqs.iter_mut().for_each(|s| s.free(pool));
+    seqs.iter_mut().for_each(|s| {
+        s.free(pool);
+    });
     result
+}
+
+/// Allocates room for `tokens` more tokens in `seq` (the warm-up's own sequences, before it
+/// serves: the scheduler allocates once it does).
+fn grow(seq: &mut BlockTable, pool: &mut BlockPool, tokens: usize) -> Result<()> {
+    match seq.grow(pool, tokens) {
+        Some(_) => Ok(()),
+        None => Err(crate::EngineError::PoolExhausted {
+            needed_tokens: tokens,
+            free_blocks: pool.free_blocks(),
+        }),
+    }
+}
+
+/// A pass of `tokens` over `seq` alone, grown for them first.
+fn forward(
+    model: &Model,
+    seq: &mut BlockTable,
+    pool: &mut BlockPool,
+    tokens: &[u32],
+) -> Result<()> {
+    let mut kv = seq.store(pool);
+    kv.grow(tokens.len())?;
+    Ok(model.forward(tokens, &mut kv)?.eval()?)
 }
 
 /// Runs `work` and logs what it took (debug): a stage's parts.

@@ -7,10 +7,11 @@
 
 use mlx_rs::Array;
 
-use super::{OwnRead, PagedSeq, reserve_in, write_rows};
+use super::{OwnRead, write_rows};
 use crate::Result;
 use crate::kv::{ChunksKv, OwnLayout};
 use crate::pool::{BlockPool, Gather, Order, WritePlan};
+use crate::scheduler::BlockTable;
 
 /// How one chunk's keys are read in a pass.
 enum KeyRead {
@@ -20,7 +21,7 @@ enum KeyRead {
 
 /// Several sequences of the pool, each adding a chunk in one pass.
 pub struct PagedChunks<'a> {
-    seqs: Vec<&'a mut PagedSeq>,
+    seqs: Vec<&'a mut BlockTable>,
     pool: &'a mut BlockPool,
     /// Per sequence, where this pass's new rows go, planned by the first layer.
     writes: Vec<Option<WritePlan>>,
@@ -31,7 +32,7 @@ pub struct PagedChunks<'a> {
 
 impl<'a> PagedChunks<'a> {
     /// A pass over `seqs` (chunk `i` is `seqs[i]`'s), reading keys as spans.
-    pub fn new(seqs: Vec<&'a mut PagedSeq>, pool: &'a mut BlockPool) -> Self {
+    pub fn new(seqs: Vec<&'a mut BlockTable>, pool: &'a mut BlockPool) -> Self {
         let writes = seqs.iter().map(|_| None).collect();
         let reads = seqs.iter().map(|_| None).collect();
         Self {
@@ -60,10 +61,6 @@ impl ChunksKv for PagedChunks<'_> {
         self.seqs[i].len
     }
 
-    fn reserve(&mut self, i: usize, tokens: usize) -> Result<()> {
-        reserve_in(self.seqs[i], self.pool, tokens)
-    }
-
     fn append(
         &mut self,
         i: usize,
@@ -72,7 +69,7 @@ impl ChunksKv for PagedChunks<'_> {
         v: Array,
     ) -> Result<Vec<(Array, Array)>> {
         let blocks = write_rows(self.seqs[i], self.pool, &mut self.writes[i], layer, k, v)?;
-        let table = &self.seqs[i].table[..blocks];
+        let table = &self.seqs[i].blocks[..blocks];
         let read = match &mut self.reads[i] {
             Some(planned) => planned,
             unplanned => unplanned.insert(

@@ -11,10 +11,7 @@ use mlx_rs::Array;
 
 use super::{BlockId, BlockPool};
 use crate::Result;
-use crate::kv::{TABLE_SLAB_SHIFT, TableKeys};
-
-/// The most slabs a step reads by table.
-pub const MOST_TABLE_SLABS: usize = 4;
+use crate::kv::{MOST_TABLE_SLABS, TABLE_SLAB_SHIFT, TableKeys};
 
 /// A step's tables, planned once and read by every layer.
 pub struct TableRead {

@@ -2,18 +2,17 @@
 //! attention they are checked against.
 
 use mlx_rs::{Array, Dtype, ops, random};
-use mlxcel_daemon::device::{Backend, DeviceChoice, Placement};
-use mlxcel_daemon::model::rope_cuda::RopeKv;
+use mlxcel_daemon::device::{DeviceChoice, DeviceKind, Placement};
 
 /// Whether MLX's default device here is a CUDA GPU; says the test was skipped when not.
 pub fn on_cuda() -> bool {
     let placement = Placement::choose(DeviceChoice::Auto).expect("a device");
-    if placement.backend == Backend::Cuda {
+    if placement.kind == DeviceKind::Cuda {
         return true;
     }
     eprintln!(
-        "skipped: no CUDA GPU here (backend {}), nothing checked",
-        placement.backend
+        "skipped: no CUDA GPU here (device {}), nothing checked",
+        placement.kind
     );
     false
 }
@@ -58,25 +57,4 @@ pub fn max_error(got: &Array, want: &Array) -> f32 {
 /// matmuls may run in TF32 on the GPU (measured 1.5e-4 on an H100).
 pub fn tolerance(dtype: Dtype) -> f32 {
     if dtype == Dtype::Float32 { 1e-3 } else { 1e-2 }
-}
-
-/// The RoPE/KV kernel's cases: each dtype it takes, SmolLM2's and Llama 3 8B's heads, both
-/// pairings.
-pub fn rope_cases() -> Vec<(Dtype, RopeKv)> {
-    let mut cases = Vec::new();
-    for dtype in [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32] {
-        for (heads, kv_heads, head_dim) in [(9, 3, 64), (32, 8, 128)] {
-            for traditional in [false, true] {
-                let r = RopeKv {
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    theta: 100_000.0,
-                    traditional,
-                };
-                cases.push((dtype, r));
-            }
-        }
-    }
-    cases
 }

@@ -9,9 +9,30 @@ use std::path::Path;
 use mlx_rs::{Array, Dtype};
 use mlxcel_daemon::export::{ExportOptions, write_mlx_dir};
 use mlxcel_daemon::generate::{GenerateRequest, generate};
-use mlxcel_daemon::kv::{DenseKv, KvStore};
+use mlxcel_daemon::kv::{DenseKv, GrowingKv};
 use mlxcel_daemon::model::{Model, gguf};
+use mlxcel_daemon::pool::BlockPool;
 use mlxcel_daemon::sampler::SamplingParams;
+use mlxcel_daemon::scheduler::BlockTable;
+
+/// The logits after `tokens` run on `seq` alone (grown for them first).
+pub fn forward_alone(
+    model: &Model,
+    seq: &mut BlockTable,
+    pool: &mut BlockPool,
+    tokens: &[u32],
+) -> mlxcel_daemon::Result<Array> {
+    let mut kv = seq.store(pool);
+    kv.grow(tokens.len())?;
+    model.forward(tokens, &mut kv)
+}
+
+/// Room for one more token in each of `seqs`, before a decode step.
+pub fn grow_rows<'a>(seqs: impl IntoIterator<Item = &'a mut BlockTable>, pool: &mut BlockPool) {
+    for s in seqs {
+        s.grow(pool, 1).expect("room for a decode step");
+    }
+}
 
 /// A greedy request for `max_tokens` tokens with no stop ids.
 pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
@@ -37,7 +58,7 @@ pub fn greedy(model: &Model, prompt: Vec<u32>, max_tokens: usize) -> Vec<u32> {
 /// `max_tokens` greedy tokens after `prompt` with the K/V store `kv`.
 pub fn greedy_with(
     model: &Model,
-    kv: &mut dyn KvStore,
+    kv: &mut dyn GrowingKv,
     prompt: Vec<u32>,
     max_tokens: usize,
 ) -> Vec<u32> {

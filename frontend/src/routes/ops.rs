@@ -232,11 +232,6 @@ fn write_daemon(out: &mut Exposition, health: Option<DaemonHealth>) {
             st.prefill_chunks,
         ),
         (
-            "mlxcel_prefill_passes_queued_total",
-            "Prefill passes queued without waiting for them (MLXCEL_QUEUED_PREFILL=1).",
-            st.prefill_passes_queued,
-        ),
-        (
             "mlxcel_decode_steps_total",
             "Batched decode steps.",
             st.decode_steps,

@@ -229,9 +229,6 @@ pub struct StepTotals {
     pub prefill_passes: u64,
     #[serde(default)]
     pub prefill_chunks: u64,
-    /// Of the prefill passes, those queued without waiting for them (`MLXCEL_QUEUED_PREFILL=1`).
-    #[serde(default)]
-    pub prefill_passes_queued: u64,
 }
 
 /// The daemon's state, for `/health` and `mlxcelctl status`.

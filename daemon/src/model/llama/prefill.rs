@@ -1,5 +1,5 @@
-//! Prefill: a forward pass over new tokens of one sequence ([`Model::forward`]) or of several
-//! ([`Model::forward_packed`]: the chunks of several arrivals in one pass).
+//! Prefill: a forward pass over the new tokens of several sequences at once (the chunks of
+//! several arrivals in one pass).
 //!
 //! The projections and the MLP run once over every chunk's rows; RoPE, the K/V writes and the
 //! attention run per chunk (each over its own keys). One pass instead of one per chunk reads the
@@ -7,68 +7,46 @@
 //! host's work of encoding its ops.
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{Array, Dtype, fast, ops};
+use mlx_rs::{Array, fast, ops};
 
-use super::{LazyMask, Model, Offset, Rope};
+use super::Llama;
 use crate::Result;
-use crate::kv::{ChunksKv, KvStore, OneChunk};
-use crate::model::fused_prefill;
+use crate::backend::{ChunkAttention, Positions, Rotate};
+use crate::kv::ChunksKv;
 
-impl Model {
-    /// Runs `tokens` (new positions after what `kv` holds) and returns the logits of the last
-    /// position as f32 (`[vocab]`).
-    pub fn forward(&self, tokens: &[u32], kv: &mut dyn KvStore) -> Result<Array> {
-        let logits = self.forward_packed(&[tokens], &mut OneChunk(kv))?;
-        Ok(logits.reshape(&[self.config.vocab as i32])?)
-    }
-
-    /// Runs chunk `i` = `tokens[i]` (new positions after what sequence `i` of `kv` holds) for
-    /// every chunk in one pass and returns each chunk's last-position logits, `[chunks, vocab]`
-    /// f32.
-    pub fn forward_packed(&self, tokens: &[&[u32]], kv: &mut dyn ChunksKv) -> Result<Array> {
+impl Llama {
+    /// See [`crate::model::Architecture::forward_packed`].
+    pub(super) fn prefill(&self, tokens: &[&[u32]], kv: &mut dyn ChunksKv) -> Result<Array> {
         let c = &self.config;
-        if tokens.is_empty() || tokens.len() != kv.count() || tokens.iter().any(|t| t.is_empty()) {
-            return Err(crate::EngineError::Internal(
-                "a prefill pass needs one non-empty chunk per sequence".into(),
-            ));
-        }
         let mut starts = Vec::with_capacity(tokens.len());
         let mut offsets = Vec::with_capacity(tokens.len());
         let mut total = 0i32;
         for (i, t) in tokens.iter().enumerate() {
-            kv.reserve(i, t.len())?;
             starts.push(total);
             offsets.push(kv.len(i) as i32);
             total += t.len() as i32;
         }
-        // On CUDA the pass runs a padded row count (`fused_prefill`): kernels are built per
-        // shape there, the quantized matmuls' too. The padding rows (token 0) come last; no
-        // chunk reads them, and their outputs are dropped.
-        let rows = if self.placement.pads_prefill {
-            fused_prefill::query_rows(total)
-        } else {
-            total
-        };
+        // Where the backend runs a padded row count (CUDA builds kernels per shape), the padding
+        // rows (token 0) come last; no chunk reads them, and their outputs are dropped.
+        let rows = self.backend.prefill_rows(total);
         let mut ids: Vec<u32> = tokens.iter().flat_map(|t| t.iter().copied()).collect();
         ids.resize(rows as usize, 0);
         let mut x = self
             .embed
             .take_axis(Array::from_slice(&ids, &[rows]), 0)?
             .reshape(&[1, rows, c.hidden as i32])?;
-        let ropes: Vec<Rope> = tokens
-            .iter()
-            .zip(&offsets)
-            .map(|(t, &offset)| {
-                if self.placement.gpu {
-                    Rope::Fused(Offset::Fixed(offset))
-                } else {
-                    Rope::Table(self.rotary.span(offset, t.len() as i32))
-                }
-            })
-            .collect();
-        // Each chunk's causal mask, built on first use: the CPU's span kernel masks as it
-        // reads and never needs one (at 3.7k keys a 512-token chunk's mask is 7.5 MB).
-        let mut masks: Vec<LazyMask> = tokens.iter().map(|_| LazyMask::default()).collect();
+        let mut ropes: Vec<Box<dyn Rotate>> = Vec::with_capacity(tokens.len());
+        for (t, &start) in tokens.iter().zip(&offsets) {
+            let at = Positions::Span {
+                start,
+                t: t.len() as i32,
+            };
+            ropes.push(self.backend.rope(&self.rope, at)?);
+        }
+        // Each chunk's attention, made at the first layer (when its keys are known) and kept
+        // for the others: what every layer shares, its mask, is built once.
+        let mut attention: Vec<Option<Box<dyn ChunkAttention + '_>>> =
+            tokens.iter().map(|_| None).collect();
         let whole = tokens.len() == 1 && rows == total;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
@@ -83,24 +61,18 @@ impl Model {
                         y.index((.., a..a + t))
                     }
                 };
-                let (qi, ki, vi) = self.heads(layer, projected.map(rows_of), &ropes[i])?;
+                let (qi, ki, vi) = self.heads(layer, projected.map(rows_of), &*ropes[i])?;
                 let spans = kv.append(i, l, ki, vi)?;
-                let s: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-                masks[i].keys = if self.placement.pads_prefill && t > 1 {
-                    // The fused kernel runs a padded shape (see `fused_prefill`).
-                    let (tp, sp) = fused_prefill::Pad::of(&self.placement).shape(t, s);
-                    Some((tp, offset, sp, self.placement.dtype))
-                } else {
-                    (t > 1 || s > offset + t).then_some((t, offset, s, self.placement.dtype))
-                };
-                outs.push(self.attend(&qi, &spans, &mut masks[i], offset)?);
+                let att = attention[i].get_or_insert_with(|| {
+                    let keys: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
+                    self.backend.chunk_attention(self.heads, t, offset, keys)
+                });
+                outs.push(att.attend(&qi, &spans)?);
             }
             if rows > total {
-                let width = (c.heads * c.head_dim) as i32;
-                outs.push(ops::zeros_dtype(
-                    &[1, rows - total, width],
-                    self.placement.dtype,
-                )?);
+                let width = self.heads.heads * self.heads.head_dim;
+                let dtype = self.backend.placement().dtype;
+                outs.push(ops::zeros_dtype(&[1, rows - total, width], dtype)?);
             }
             let out = if outs.len() == 1 {
                 outs.remove(0)
@@ -120,8 +92,6 @@ impl Model {
             .collect();
         let n = last.len() as i32;
         let last = x.take_axis(Array::from_slice(&last, &[n]), 1)?;
-        let last = fast::rms_norm(&last, Some(&self.norm), c.rms_eps)?;
-        let logits = self.lm_head.forward(&last)?.reshape(&[n, c.vocab as i32])?;
-        Ok(logits.as_dtype(Dtype::Float32)?)
+        Ok(self.logits(&last)?.reshape(&[n, c.vocab as i32])?)
     }
 }
