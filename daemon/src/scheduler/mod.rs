@@ -2,7 +2,8 @@
 //! who gives way when the pool is full, and the blocks all of that takes. One call,
 //! [`Scheduler::schedule`], returns a step's [`StepPlan`]; it is the only place blocks are
 //! allocated. Pure bookkeeping over [`Job`]s and a pool of [`Blocks`]: no MLX, no sockets, so
-//! every rule here is tested with fakes (`tests.rs`).
+//! every rule here is tested with fakes (`tests/scheduler_plans.rs`, plans step by step and a
+//! property test over random runs).
 //!
 //! - **Admission** is FIFO by free blocks: the oldest admissible waiting job (its cached prefix
 //!   is known) starts when the blocks its stored-to-be tokens need are free, counting what jobs
@@ -276,6 +277,3 @@ impl<J: Job> Scheduler<J> {
         !self.waiting.is_empty()
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -327,6 +327,3 @@ mod avx {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod timing;

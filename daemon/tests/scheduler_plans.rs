@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 
 use mlxcel_ipc::BlockId;
 
-use super::*;
+use mlxcel_daemon::scheduler::{
+    BlockTable, Blocks, Job, Limits, Refusal, Scheduler, SeqKey, StepPlan,
+};
 
 /// A fake request: `tokens` to store before its next draw, its table, and its output to come.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,11 +119,19 @@ fn job(id: u64, tokens: usize) -> Fake {
 const BT: usize = 4;
 
 fn scheduler(max_running: usize, prefill_budget: usize) -> Scheduler<Fake> {
+    with_whole_chunks(max_running, prefill_budget, false)
+}
+
+fn with_whole_chunks(
+    max_running: usize,
+    prefill_budget: usize,
+    whole_chunks: bool,
+) -> Scheduler<Fake> {
     Scheduler::new(Limits {
         max_running,
         block_tokens: BT,
         prefill_budget,
-        whole_chunks: false,
+        whole_chunks,
     })
 }
 
@@ -252,8 +262,7 @@ fn the_prefill_budget_is_shared_oldest_first() {
 
 #[test]
 fn whole_chunks_split_a_job_only_where_it_comes_first() {
-    let mut s = scheduler(8, 512);
-    s.limits.whole_chunks = true;
+    let mut s = with_whole_chunks(8, 512, true);
     for (id, len) in [(1, 300), (2, 300), (3, 100), (4, 1200)] {
         s.push(job(id, len));
     }
@@ -316,7 +325,7 @@ fn a_short_pool_preempts_the_youngest_which_runs_again_first() {
     // Job 3's room went to job 1, then job 2 took the other; job 3 is not planned.
     assert_eq!(keys(&plan.decode), vec![1, 2]);
     assert_eq!(ids(s.running()), vec![1, 2]);
-    let j3 = &s.waiting.front().unwrap();
+    let j3 = s.waiting_mut(|j| j.id == 3).unwrap();
     assert_eq!((j3.id, j3.preemptions, j3.table.len), (3, 1, 0));
     // Job 3 is back at the front, ahead of job 4 which waited longer but never ran.
     execute(&mut s, &plan);
@@ -403,8 +412,7 @@ fn run(mut s: Scheduler<Fake>, total: usize, budget: usize) -> (Vec<u64>, usize)
 #[test]
 fn a_fake_run_finishes_every_job_in_arrival_order_within_the_budget() {
     for whole_chunks in [false, true] {
-        let mut s = scheduler(3, 10);
-        s.limits.whole_chunks = whole_chunks;
+        let mut s = with_whole_chunks(3, 10, whole_chunks);
         for id in 1..=6 {
             s.push(job(id, 9));
         }
@@ -430,4 +438,96 @@ fn a_fake_run_under_a_small_pool_preempts_and_still_finishes_everything() {
     let (mut finished, _) = run(s, 8, 8);
     finished.sort_unstable();
     assert_eq!(finished, vec![1, 2, 3, 4, 5]);
+}
+
+/// One random run's jobs: (prompt tokens, output tokens).
+fn arrivals() -> impl proptest::strategy::Strategy<Value = Vec<(usize, usize)>> {
+    proptest::collection::vec((1usize..60, 0usize..10), 1..12)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// Whatever arrives, whatever the limits and the pool: every step's plan holds the budget
+    /// and the batch size, every planned row has its room, the blocks the jobs hold are exactly
+    /// the pool's held ones, and the run ends with every job finished or refused (a job only
+    /// for a reason that is true) and every block back.
+    #[test]
+    fn every_random_run_keeps_the_plans_invariants_and_ends(
+        jobs in arrivals(),
+        max_running in 1usize..6,
+        budget in 1usize..64,
+        total in 4usize..40,
+        whole_chunks: bool,
+    ) {
+        let mut s = with_whole_chunks(max_running, budget, whole_chunks);
+        for (id, &(tokens, out)) in jobs.iter().enumerate() {
+            s.push(Fake { to_generate: out, ..job(id as u64, tokens) });
+        }
+        let mut pool = Pool::new(total);
+        let mut ended = BTreeSet::new();
+        let mut steps = 0;
+        while !s.is_idle() || s.has_waiting() {
+            steps += 1;
+            proptest::prop_assert!(steps < 20_000, "the run never ended");
+            let plan = s.schedule(&mut pool, false);
+            proptest::prop_assert!(plan.prefill.iter().map(|p| p.1).sum::<usize>() <= budget);
+            proptest::prop_assert!(s.running().len() <= max_running);
+            for (j, why) in &plan.refused {
+                let fits = (j.tokens + 1).div_ceil(BT) <= total;
+                match why {
+                    Refusal::LongerThanPool { tokens } => {
+                        proptest::prop_assert!(tokens.div_ceil(BT) > total)
+                    }
+                    // Alone, with every block free but its own: the pool cannot hold it.
+                    Refusal::NoRoom => proptest::prop_assert!(!fits || j.tokens.div_ceil(BT) > total),
+                }
+                proptest::prop_assert!(ended.insert(j.id));
+                let mut j = j.clone();
+                j.table.free(&mut pool);
+            }
+            for j in s.running() {
+                let planned = plan
+                    .prefill
+                    .iter()
+                    .find(|(k, _)| *k == j.key())
+                    .map(|(_, n)| *n)
+                    .or_else(|| plan.decode.contains(&j.key()).then_some(1));
+                if let Some(n) = planned {
+                    proptest::prop_assert!(j.table.blocks.len() * BT >= j.table.len + n);
+                }
+                if plan.decode.contains(&j.key()) {
+                    proptest::prop_assert!(j.drawn);
+                }
+            }
+            execute(&mut s, &plan);
+            let held: BTreeSet<BlockId> = s
+                .running()
+                .iter()
+                .flat_map(|j| j.table.blocks.iter().copied())
+                .collect();
+            let count: usize = s.running().iter().map(|j| j.table.blocks.len()).sum();
+            proptest::prop_assert_eq!(count, held.len(), "no block in two tables");
+            proptest::prop_assert_eq!(&held, &pool.held());
+            for key in s.running().iter().map(Job::key).collect::<Vec<_>>() {
+                let Some(j) = s.running_mut().iter_mut().find(|j| j.key() == key) else {
+                    continue;
+                };
+                if j.table.len < j.tokens || j.drawn {
+                    continue;
+                }
+                if j.to_generate == 0 {
+                    let mut j = s.remove(key).unwrap();
+                    j.table.free(&mut pool);
+                    proptest::prop_assert!(ended.insert(j.id));
+                    continue;
+                }
+                j.to_generate -= 1;
+                j.tokens += 1;
+                j.drawn = true;
+            }
+        }
+        proptest::prop_assert_eq!(ended.len(), jobs.len());
+        proptest::prop_assert_eq!(pool.free_blocks() as usize, total);
+    }
 }
