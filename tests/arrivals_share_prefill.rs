@@ -12,7 +12,7 @@ async fn arrivals_share_prefill_passes_and_keep_their_golden_tokens() {
     let dir = mlxcel_tests::temp_dir("mxa");
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let mut d = Daemon::spawn(dir.path(), &model, &["--kv-pool-bytes", "512MiB"], &[]);
-    d.wait_listening(dir.path());
+    d.wait_serving(dir.path());
     let mut c = frontend(dir.path()).await;
     let chats = fixtures()["chats"].as_array().expect("chats").clone();
     // ~3,000 tokens: six 512-token prefill steps; the last leaves room in its step.

@@ -62,7 +62,7 @@ async fn concurrent_daemons_compile_apart_and_share_whole_kernels() {
         })
         .collect();
     for (d, dir) in daemons.iter_mut().zip(&dirs) {
-        d.wait_listening(dir);
+        d.wait_serving(dir);
     }
     for dir in &dirs {
         generates(dir).await;
@@ -91,7 +91,7 @@ async fn concurrent_daemons_compile_apart_and_share_whole_kernels() {
     let third = tmp.path().join("d2");
     std::fs::create_dir_all(&third).unwrap();
     let mut d = Daemon::spawn(&third, &model, &args, &env);
-    d.wait_listening(&third);
+    d.wait_serving(&third);
     generates(&third).await;
     let left = proc_dirs(&cache);
     assert_eq!(

@@ -25,7 +25,7 @@ async fn a_stop_token_mid_batch_ends_its_request_and_host_rows_mix_with_drawn_ro
     let dir = mlxcel_tests::temp_dir("mxp");
     let model = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let mut d = Daemon::spawn(dir.path(), &model, &["--kv-pool-bytes", "256MiB"], &[]);
-    d.wait_listening(dir.path());
+    d.wait_serving(dir.path());
     let mut c = frontend(dir.path()).await;
     let chats = fixtures()["chats"].as_array().expect("chats").clone();
     let golden: Vec<Vec<u32>> = chats.iter().map(|c| ids(&c["greedy_ids"])).collect();

@@ -30,7 +30,7 @@ async fn workers_build_a_first_starts_kernels_and_the_daemon_builds_none_of_them
     let args = ["--kv-pool-bytes", "64MiB", "--warm-up-workers", "2"];
     let env = [("XDG_CACHE_HOME", cache.as_path())];
     let mut d = Daemon::spawn_logged(&dir, &model, &args, &env, &log);
-    d.wait_listening(&dir);
+    d.wait_serving(&dir);
 
     let mut c = frontend(&dir).await;
     c.write_frame(&greedy_generate(1, vec![1, 2, 3, 4, 5, 6], 4))

@@ -1,6 +1,6 @@
-//! `mlxcelctl status`: each process up or down (pid, uptime, socket or URL), the model, the
-//! pool and the cache, asked of the processes themselves; `--json` for scripts. Exits 1 when a
-//! process is down.
+//! `mlxcelctl status`: each process up, starting (the daemon, loading its model or warming up,
+//! with its stage) or down (pid, uptime, socket or URL), the model, the pool and the cache, asked
+//! of the processes themselves; `--json` for scripts. Exits 1 unless every process serves.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,6 +37,14 @@ pub struct ProcessStatus {
     /// Its socket, or the front end's URL.
     pub address: String,
     pub error: Option<String>,
+    /// What it does while it starts (the daemon), when it does not serve yet.
+    pub starting: Option<String>,
+}
+
+/// What the daemon answered.
+enum DaemonAnswer {
+    Serving(u32, Box<(ModelInfo, DaemonHealth)>),
+    Starting(u32, String),
 }
 
 #[derive(Debug, Serialize)]
@@ -73,6 +81,9 @@ pub async fn run(args: StatusArgs, socket_dir: Option<&Path>) -> anyhow::Result<
     if !down.is_empty() {
         bail!("down: {}", down.join(", "));
     }
+    if let Some(p) = status.processes.iter().find(|p| p.starting.is_some()) {
+        bail!("starting: {}", p.name);
+    }
     Ok(())
 }
 
@@ -85,7 +96,7 @@ async fn gather(dir: &Path, frontend: SocketAddr) -> Status {
         timed(ask_frontend(frontend)),
     );
     let mut processes = Vec::new();
-    let mut entry = |name, address: String, result: &Result<u32, String>| {
+    let mut entry = |name, address: String, result: &Result<u32, String>, starting| {
         let pid = result.as_ref().ok().copied();
         processes.push(ProcessStatus {
             name,
@@ -94,22 +105,40 @@ async fn gather(dir: &Path, frontend: SocketAddr) -> Status {
             uptime_secs: pid.and_then(uptime_secs),
             address,
             error: result.as_ref().err().cloned(),
+            starting,
         });
     };
     let cache_pid = cache.as_ref().map(|(pid, _)| *pid).map_err(Clone::clone);
-    let daemon_pid = daemon.as_ref().map(|(pid, ..)| *pid).map_err(Clone::clone);
-    entry("cachemgr", cache_socket.display().to_string(), &cache_pid);
-    entry("daemon", daemon_socket.display().to_string(), &daemon_pid);
-    entry("frontend", format!("http://{frontend}"), &front);
+    let (daemon_pid, stage) = match &daemon {
+        Ok(DaemonAnswer::Serving(pid, _)) => (Ok(*pid), None),
+        Ok(DaemonAnswer::Starting(pid, stage)) => (Ok(*pid), Some(stage.clone())),
+        Err(e) => (Err(e.clone()), None),
+    };
+    entry(
+        "cachemgr",
+        cache_socket.display().to_string(),
+        &cache_pid,
+        None,
+    );
+    entry(
+        "daemon",
+        daemon_socket.display().to_string(),
+        &daemon_pid,
+        stage,
+    );
+    entry("frontend", format!("http://{frontend}"), &front, None);
     let (model, health) = match daemon {
-        Ok((_, info, health)) => (
-            Some(ModelSummary {
-                id: info.model_id,
-                context_length: info.context_length,
-            }),
-            Some(health),
-        ),
-        Err(_) => (None, None),
+        Ok(DaemonAnswer::Serving(_, answer)) => {
+            let (info, health) = *answer;
+            (
+                Some(ModelSummary {
+                    id: info.model_id,
+                    context_length: info.context_length,
+                }),
+                Some(health),
+            )
+        }
+        _ => (None, None),
     };
     Status {
         socket_dir: dir.to_path_buf(),
@@ -137,7 +166,7 @@ async fn ask_cache(socket: &Path) -> Result<(u32, CacheStats), String> {
     }
 }
 
-async fn ask_daemon(socket: &Path) -> Result<(u32, ModelInfo, DaemonHealth), String> {
+async fn ask_daemon(socket: &Path) -> Result<DaemonAnswer, String> {
     let (mut conn, pid) = connect_with_pid(socket, Role::Admin, Limits::new(64 << 20))
         .await
         .map_err(|e| e.to_string())?;
@@ -153,12 +182,15 @@ async fn ask_daemon(socket: &Path) -> Result<(u32, ModelInfo, DaemonHealth), Str
         match conn.read_frame::<DaemonToFrontend>().await.map_err(err)? {
             Some(DaemonToFrontend::Info(i)) => info = Some(*i),
             Some(DaemonToFrontend::Health(h)) => health = Some(h),
+            Some(DaemonToFrontend::Starting { stage }) => {
+                return Ok(DaemonAnswer::Starting(pid, stage));
+            }
             Some(_) => {}
             None => return Err("the daemon closed the connection".into()),
         }
     }
     match (info, health) {
-        (Some(i), Some(h)) => Ok((pid, i, h)),
+        (Some(i), Some(h)) => Ok(DaemonAnswer::Serving(pid, Box::new((i, h)))),
         _ => Err("no answer".into()),
     }
 }
@@ -213,7 +245,11 @@ fn parse_etime(text: &str) -> Option<u64> {
 fn render(s: &Status) -> String {
     let mut out = String::new();
     for p in &s.processes {
-        let state = if p.up { "up" } else { "down" };
+        let state = match (p.up, &p.starting) {
+            (true, Some(_)) => "starting",
+            (true, None) => "up",
+            (false, _) => "down",
+        };
         let pid = p.pid.map_or("-".to_string(), |p| p.to_string());
         let uptime = p.uptime_secs.map_or("-".to_string(), |u| {
             humantime::format_duration(Duration::from_secs(u)).to_string()
@@ -224,6 +260,9 @@ fn render(s: &Status) -> String {
         ));
         if let Some(e) = &p.error {
             out.push_str(&format!("          {e}\n"));
+        }
+        if let Some(stage) = &p.starting {
+            out.push_str(&format!("          {stage}\n"));
         }
     }
     if let Some(m) = &s.model {

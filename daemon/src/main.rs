@@ -11,13 +11,14 @@ use std::time::Duration;
 use clap::Parser;
 use mlxcel_config::Section;
 use mlxcel_daemon::cache_client::{CacheClient, CacheClientConfig};
-use mlxcel_daemon::engine::{self, Command, EngineConfig};
+use mlxcel_daemon::engine::{self, Command, EngineConfig, Progress};
 use mlxcel_daemon::sampling_defaults::OperatorDefaults;
-use mlxcel_daemon::server::{self, Shared};
+use mlxcel_daemon::server::{self, Phase, Ready, Shared};
 use mlxcel_daemon::warm_workers::{self, Machine, Share, Workers};
 use mlxcel_ipc::runtime_dir::{CACHEMGR_SOCKET, DAEMON_SOCKET, RuntimeDir};
 use mlxcel_ipc::size::parse_size;
 use mlxcel_ipc::{Limits, socket};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// mlxcel-daemon: runs a model on MLX (Metal on macOS, CPU on Linux) and serves token-level
@@ -98,6 +99,10 @@ struct Args {
     /// (prefill or decode), then exit.
     #[arg(long, hide = true, value_name = "PART:I/N")]
     warm_up_share: Option<Share>,
+
+    /// Internal, for tests of the starting state: hold the warm-up until FILE exists.
+    #[arg(long, hide = true, value_name = "FILE")]
+    hold_warm_up_until: Option<PathBuf>,
 
     /// Instead of serving: write the model (a .gguf file) as an MLX / Hugging Face directory
     /// (float32 safetensors, config.json, tokenizer.json with the chat template) into DIR, for
@@ -194,6 +199,7 @@ fn run(args: Args, cached_kernels: Option<usize>) -> Result<(), String> {
             repetition_penalty: args.default_repetition_penalty,
         },
         warm_up_share: args.warm_up_share.unwrap_or_default(),
+        progress: Progress::default(),
     };
     if let Some(share) = args.warm_up_share {
         let _span = tracing::info_span!("warm_up_worker", %share).entered();
@@ -203,52 +209,116 @@ fn run(args: Args, cached_kernels: Option<usize>) -> Result<(), String> {
     dir.ensure().map_err(|e| e.to_string())?;
     let daemon_socket = dir.socket(DAEMON_SOCKET).map_err(|e| e.to_string())?;
     let cachemgr_socket = dir.socket(CACHEMGR_SOCKET).map_err(|e| e.to_string())?;
-    if let Some(cached_kernels) = cached_kernels {
-        start_warm_up_workers(args.warm_up_workers, &config, cached_kernels);
-    }
-    tracing::info!(model = %config.model.display(), "loading the model");
-    let (engine_tx, started, engine_thread) =
-        engine::spawn(config.clone()).map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    runtime.block_on(async move {
-        let listener = socket::bind(&daemon_socket).await.map_err(|e| e.to_string())?;
-        let (orders_tx, mut orders_rx) = tokio::sync::mpsc::unbounded_channel();
-        let cache = CacheClient::spawn(
-            CacheClientConfig {
-                socket: cachemgr_socket,
-                geometry: started.geometry.clone(),
-                max_backoff: Duration::from_secs(2),
-                request_timeout: Duration::from_secs(5),
-                donation_timeout: args.donation_timeout,
-            },
-            orders_tx,
-        );
-        let _ = engine_tx.send(Command::AttachCache(cache.clone(), tokio::runtime::Handle::current()));
-        let forward = engine_tx.clone();
-        tokio::spawn(async move {
-            while let Some(order) = orders_rx.recv().await {
-                if forward.send(Command::Order(order)).is_err() {
-                    return;
-                }
-            }
-        });
-        tracing::info!(socket = %daemon_socket.display(), model = %started.info.model_id, "daemon listening");
-        let shutdown = CancellationToken::new();
-        tokio::spawn(stop_on_signal(shutdown.clone()));
-        let limits = Limits::new(usize::try_from(args.max_frame_bytes).unwrap_or(usize::MAX));
-        let shared = Shared { engine: engine_tx.clone(), info: Arc::new(started.info), cache, limits, block_tokens: config.block_tokens, acquire_timeout: args.acquire_timeout, vitals: started.vitals.clone(), event_backlog: args.event_backlog };
-        server::serve(listener, shared, shutdown).await;
-        let _ = engine_tx.send(Command::Shutdown);
-        let joined = tokio::task::spawn_blocking(move || engine_thread.join());
-        if tokio::time::timeout(Duration::from_secs(15), joined).await.is_err() {
-            tracing::warn!("the engine did not stop within 15 s");
-        }
-        tracing::info!("stopped");
-        Ok(())
+    let sockets = (daemon_socket, cachemgr_socket);
+    let result = runtime.block_on(serve(args, config, sockets, cached_kernels));
+    // A stop while the engine still loads leaves its thread behind: the process ends anyway.
+    runtime.shutdown_background();
+    result
+}
+
+/// Listens at once (answering "starting" while the engine loads and warms up), starts the
+/// engine, then serves until a stop signal.
+async fn serve(
+    args: Args,
+    mut config: EngineConfig,
+    (daemon_socket, cachemgr_socket): (PathBuf, PathBuf),
+    cached_kernels: Option<usize>,
+) -> Result<(), String> {
+    let listener = socket::bind(&daemon_socket)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (phase, phase_rx) = watch::channel(Phase::Starting("loading the model".into()));
+    let phase = Arc::new(phase);
+    let reporter = phase.clone();
+    config.progress = Progress::new(move |stage| {
+        reporter.send_replace(Phase::Starting(stage.to_string()));
     })
+    .holding_until(args.hold_warm_up_until.clone());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    let limits = Limits::new(usize::try_from(args.max_frame_bytes).unwrap_or(usize::MAX));
+    let shared = Shared {
+        phase: phase_rx,
+        limits,
+        block_tokens: config.block_tokens,
+        acquire_timeout: args.acquire_timeout,
+        event_backlog: args.event_backlog,
+    };
+    let server = tokio::spawn(server::serve(listener, shared, shutdown.clone()));
+    tracing::info!(socket = %daemon_socket.display(), "daemon listening; starting");
+    let workers = args.warm_up_workers;
+    let start = tokio::task::spawn_blocking(move || {
+        if let Some(cached_kernels) = cached_kernels {
+            config.progress.report("warm-up workers building kernels");
+            start_warm_up_workers(workers, &config, cached_kernels);
+        }
+        tracing::info!(model = %config.model.display(), "loading the model");
+        engine::spawn(config)
+    });
+    let (engine_tx, started, engine_thread) = tokio::select! {
+        _ = shutdown.cancelled() => {
+            tracing::info!("stopped while starting");
+            return Ok(());
+        }
+        started = start => started
+            .map_err(|e| format!("the engine's start failed: {e}"))?
+            .map_err(|e| e.to_string())?,
+    };
+    let cache = attach_cache(&engine_tx, &started, cachemgr_socket, args.donation_timeout);
+    let model_id = started.info.model_id.clone();
+    phase.send_replace(Phase::Ready(Arc::new(Ready {
+        engine: engine_tx.clone(),
+        info: Arc::new(started.info),
+        cache,
+        vitals: started.vitals,
+    })));
+    tracing::info!(socket = %daemon_socket.display(), model = %model_id, "daemon serving");
+    let _ = server.await;
+    let _ = engine_tx.send(Command::Shutdown);
+    let joined = tokio::task::spawn_blocking(move || engine_thread.join());
+    if tokio::time::timeout(Duration::from_secs(15), joined)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the engine did not stop within 15 s");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Starts the cache manager's client for the started engine and hands it over, with its orders.
+fn attach_cache(
+    engine: &std::sync::mpsc::Sender<Command>,
+    started: &engine::Started,
+    socket: PathBuf,
+    donation_timeout: Duration,
+) -> CacheClient {
+    let (orders_tx, mut orders_rx) = tokio::sync::mpsc::unbounded_channel();
+    let cache = CacheClient::spawn(
+        CacheClientConfig {
+            socket,
+            geometry: started.geometry.clone(),
+            max_backoff: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            donation_timeout,
+        },
+        orders_tx,
+    );
+    let handle = tokio::runtime::Handle::current();
+    let _ = engine.send(Command::AttachCache(cache.clone(), handle));
+    let forward = engine.clone();
+    tokio::spawn(async move {
+        while let Some(order) = orders_rx.recv().await {
+            if forward.send(Command::Order(order)).is_err() {
+                return;
+            }
+        }
+    });
+    cache
 }
 
 /// Runs the warm-up workers `setting` asks for on this machine ([`warm_workers`]) and takes the

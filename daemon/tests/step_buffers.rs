@@ -29,7 +29,9 @@ fn a_prefill_steps_transient_bytes_grow_with_its_chunk_and_leave_out_the_pool() 
     let measure = |chunk: usize| {
         let mut pool = BlockPool::for_device(shape, m.model.placement.gpu).unwrap();
         let slab_bytes = u64::from(pool.slab_blocks()) * shape.block_bytes() as u64;
-        let warmed = warmup::run(&m.model, &mut pool, chunk, 2, Share::WHOLE).expect("warm-up");
+        let progress = mlxcel_daemon::engine::Progress::default();
+        let warmed =
+            warmup::run(&m.model, &mut pool, chunk, 2, Share::WHOLE, &progress).expect("warm-up");
         assert_eq!(
             pool.free_blocks(),
             256,

@@ -43,7 +43,7 @@ impl Daemon {
     /// loaded). Panics with its exit status if it stops first.
     pub fn start(dir: &Path, model: &Path, args: &[&str]) -> Daemon {
         let mut d = Daemon::spawn(dir, model, args, &[]);
-        d.wait_listening(dir);
+        d.wait_serving(dir);
         d
     }
 
@@ -69,16 +69,55 @@ impl Daemon {
         Daemon(c.spawn().expect("start mlxcel-daemon"))
     }
 
-    /// Waits until the daemon whose sockets are in `dir` answers; panics if it stops first.
-    pub fn wait_listening(&mut self, dir: &Path) {
+    /// Waits until the daemon whose sockets are in `dir` serves (answers `Info` with its model,
+    /// its warm-up done); panics if it stops first.
+    pub fn wait_serving(&mut self, dir: &Path) {
         let socket = dir.join("daemon.sock");
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        while !serves(&socket) {
             if let Ok(Some(status)) = self.0.try_wait() {
-                panic!("mlxcel-daemon stopped before listening: {status}");
+                panic!("mlxcel-daemon stopped before serving: {status}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Whether the daemon at `socket` answers `Info` with its model (not "starting", not absent).
+/// Asked from a thread of its own, so that sync and async tests can both wait on it.
+pub fn serves(socket: &Path) -> bool {
+    use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FrontendToDaemon};
+    let socket = socket.to_path_buf();
+    let probe = async move {
+        let Ok(mut c) = mlxcel_ipc::client::connect(
+            &socket,
+            mlxcel_ipc::Role::Admin,
+            mlxcel_ipc::Limits::new(64 << 20),
+        )
+        .await
+        else {
+            return false;
+        };
+        if c.write_frame(&FrontendToDaemon::Info).await.is_err() {
+            return false;
+        }
+        loop {
+            match c.read_frame::<DaemonToFrontend>().await {
+                Ok(Some(DaemonToFrontend::Info(_))) => return true,
+                Ok(Some(DaemonToFrontend::Starting { .. })) | Ok(None) | Err(_) => return false,
+                Ok(Some(_)) => {}
+            }
+        }
+    };
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), probe).await })
+            .unwrap_or(false)
+    })
+    .join()
+    .unwrap_or(false)
 }
 
 /// Runs the daemon on `model` expecting it to stop by itself (a startup error); its output.

@@ -71,6 +71,7 @@ pub struct StackOptions {
     /// Pool size in blocks.
     pub pool_blocks: u64,
     pub cachemgr_args: Vec<String>,
+    pub daemon_args: Vec<String>,
     pub frontend_args: Vec<String>,
 }
 
@@ -79,6 +80,7 @@ impl Default for StackOptions {
         Self {
             pool_blocks: 256,
             cachemgr_args: Vec::new(),
+            daemon_args: Vec::new(),
             frontend_args: Vec::new(),
         }
     }
@@ -87,35 +89,38 @@ impl Default for StackOptions {
 impl Stack {
     /// Starts all three on the default model; returns when `/health` says the daemon is up.
     pub fn start(opts: StackOptions) -> Stack {
+        let stack = Stack::spawn(opts);
+        stack.wait_healthy(Duration::from_secs(90));
+        stack
+    }
+
+    /// Starts all three without waiting for them.
+    pub fn spawn(opts: StackOptions) -> Stack {
         let dir = crate::temp_dir("mxf");
         let args: Vec<&str> = opts.cachemgr_args.iter().map(String::as_str).collect();
         let cachemgr = Process::spawn("mlxcel-cachemgr", &args, dir.path());
         let model = default_model();
         let pool = (opts.pool_blocks * crate::daemon::block_bytes()).to_string();
         let model = model.to_string_lossy().into_owned();
-        let daemon = Process::spawn(
-            "mlxcel-daemon",
-            // Tests that count cached tokens must not depend on a 50 ms budget on a busy machine.
-            &[
-                "--model",
-                &model,
-                "--kv-pool-bytes",
-                &pool,
-                "--acquire-timeout",
-                "30s",
-            ],
-            dir.path(),
-        );
+        // Tests that count cached tokens must not depend on a 50 ms budget on a busy machine.
+        let mut daemon_args = vec![
+            "--model",
+            &model,
+            "--kv-pool-bytes",
+            &pool,
+            "--acquire-timeout",
+            "30s",
+        ];
+        daemon_args.extend(opts.daemon_args.iter().map(String::as_str));
+        let daemon = Process::spawn("mlxcel-daemon", &daemon_args, dir.path());
         let args: Vec<&str> = opts.frontend_args.iter().map(String::as_str).collect();
         let frontend = start_frontend(dir.path(), &args);
-        let stack = Stack {
+        Stack {
             frontend,
             daemon,
             cachemgr,
             dir,
-        };
-        stack.wait_healthy(Duration::from_secs(90));
-        stack
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -19,6 +19,7 @@ mod cache_link;
 mod ceiling;
 mod events;
 mod lifecycle;
+mod progress;
 mod setup;
 pub mod warmup;
 
@@ -33,6 +34,7 @@ use mlxcel_ipc::{BlockHash, BlockId, Geometry};
 
 pub use cache_link::{CacheLink, Refcounts};
 pub use events::{EventQueue, EventSink, event_queue};
+pub use progress::Progress;
 
 use crate::cache_client::{CacheClient, ManagerOrder};
 use crate::pool::BlockPool;
@@ -58,6 +60,8 @@ pub struct EngineConfig {
     pub sampling: crate::sampling_defaults::OperatorDefaults,
     /// The warm-up's jobs this process runs: all of them, or a warm-up worker's share.
     pub warm_up_share: crate::warm_workers::Share,
+    /// Where each start-up stage is reported.
+    pub progress: Progress,
 }
 
 /// The prefix the cache manager leased to a request.

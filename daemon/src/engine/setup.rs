@@ -15,8 +15,10 @@ use mlxcel_ipc::size::format_size;
 impl Engine {
     pub(super) fn load(config: &EngineConfig) -> Result<(Engine, Started)> {
         // Checked before the weights load, so a bad setting fails at once.
+        let progress = &config.progress;
         let defaults = crate::sampling_defaults::resolve(&config.model, &config.sampling)?;
         tracing::info!("sampling defaults: {}", defaults.describe());
+        progress.report("loading the model");
         let loaded = crate::load_on(&config.model, config.device)?;
         // Loading leaves temporaries (the dequantized copies' sources) in MLX's buffer cache.
         mlx_rs::memory::clear_cache()?;
@@ -52,12 +54,14 @@ impl Engine {
             )));
         }
         let mut pool = BlockPool::for_device(shape, loaded.model.placement.gpu)?;
+        progress.hold();
         let warmed = super::warmup::run(
             &loaded.model,
             &mut pool,
             config.prefill_chunk,
             config.max_running,
             config.warm_up_share,
+            progress,
         )?;
         let prefill = match warmed.chunks {
             1 => format!("a {}-token prefill chunk", config.prefill_chunk),

@@ -9,6 +9,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use super::Progress;
 use crate::Result;
 use crate::kv::GrowingKv;
 use crate::model::Model;
@@ -42,6 +43,7 @@ pub fn run(
     prefill_chunk: usize,
     max_running: usize,
     share: Share,
+    progress: &Progress,
 ) -> Result<Warmed> {
     let started = Instant::now();
     let jobs = Jobs::of(share, Part::Prefill);
@@ -51,7 +53,7 @@ pub fn run(
     // The attention shapes first: on CUDA the first builds cuDNN's state, which their stage's
     // time then shows apart from the chunks'.
     let attention_shapes = if jobs.mine() {
-        stage("attention shapes", || {
+        stage(progress, "attention shapes", || {
             model.warm_up_attention(prefill_chunk, room)
         })?
     } else {
@@ -64,18 +66,20 @@ pub fn run(
         n => format!("{n} prefill chunk sizes"),
     };
     let step_bytes = if share == Share::WHOLE {
-        stage(&what, || warm_chunks(model, pool, &chunks, room))?
+        stage(progress, &what, || warm_chunks(model, pool, &chunks, room))?
     } else {
         // A worker's chunks one stage each: what one builds reaches the other workers sooner.
         let mut most = 0;
         for &c in &chunks {
             let what = format!("a {c}-token prefill chunk");
-            most = most.max(stage(&what, || warm_chunks(model, pool, &[c], room))?);
+            most = most.max(stage(progress, &what, || {
+                warm_chunks(model, pool, &[c], room)
+            })?);
         }
         most
     };
     if model.placement.gathers_prefill_keys && jobs.mine() {
-        stage("a prefill chunk reading gathered keys", || {
+        stage(progress, "a prefill chunk reading gathered keys", || {
             warm_gathered_chunk(
                 model,
                 pool,
@@ -97,7 +101,7 @@ pub fn run(
             [one] => format!("{one}-sequence decode steps and draws"),
             sizes => format!("decode steps and draws of {sizes:?} sequences"),
         };
-        stage(&what, || {
+        stage(progress, &what, || {
             batches
                 .iter()
                 .try_for_each(|&batch| warm_decode(model, pool, batch))
@@ -106,11 +110,11 @@ pub fn run(
     if let Some(long) = model.split_decode_from()
         && jobs.mine()
     {
-        stage("a decode step over split keys", || {
+        stage(progress, "a decode step over split keys", || {
             warm_split_decode(model, pool, long, prefill_chunk)
         })?;
     }
-    stage("giving back its buffers", || {
+    stage(progress, "giving back its buffers", || {
         mlx_rs::memory::clear_cache()?;
         crate::host_memory::trim_freed_memory();
         Ok(())
@@ -152,7 +156,8 @@ impl Jobs {
 /// first start on a GPU can take minutes, and one cut short, by a supervisor's timeout or
 /// Ctrl-C, leaves the next start less to build) and logs what it took: a long warm-up says
 /// where its time goes.
-fn stage<T>(what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+fn stage<T>(progress: &Progress, what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    progress.report(&format!("warm-up: {what}"));
     // What other processes (warm-up workers) built meanwhile is then not built again here.
     crate::jit_cache::reseed();
     let started = Instant::now();

@@ -3,41 +3,56 @@
 //! by the engine's events, so the engine never waits on a socket, and the reader never waits on
 //! anything but the socket. A request goes to the engine at once; its cached prefix is asked of
 //! the cache manager by a task of its own, within a deadline from the request's arrival, so a
-//! slow or hung manager costs each request at most that budget, concurrently. `Health` and
-//! `Info` are answered from what the engine published, and a `Cancel` at once ([`ends`]),
-//! whatever the engine or the manager is doing.
+//! slow or hung manager costs each request at most that budget, concurrently ([`requests`]).
+//! `Health` and `Info` are answered from what the engine published, and a `Cancel` at once
+//! ([`ends`]), whatever the engine or the manager is doing. The socket listens from the
+//! daemon's start: while it loads and warms up, `Health` and `Info` say so ([`Phase`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mlxcel_ipc::proto::daemon::{DaemonHealth, DaemonToFrontend, FrontendToDaemon, ModelInfo};
+use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FrontendToDaemon, ModelInfo};
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 use mlxcel_ipc::socket::{LocalListener, LocalStream};
-use mlxcel_ipc::{BlockHash, FRAME_DEADLINE, FrameError, HashSeed, Limits, Role, handshake};
-use tokio::sync::mpsc;
+use mlxcel_ipc::{FRAME_DEADLINE, FrameError, Limits, Role, handshake};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache_client::CacheClient;
-use crate::engine::{Command, EventQueue, Prefix, Vitals, event_queue, read_vitals};
+use crate::engine::{Command, EventQueue, Vitals, event_queue};
 use ends::Ends;
 
 mod ends;
+mod requests;
+
+/// What the server serves requests with once the engine has started.
+pub struct Ready {
+    pub engine: Sender<Command>,
+    pub info: Arc<ModelInfo>,
+    pub cache: CacheClient,
+    /// The engine's latest counts (health is answered from here, without waiting on it).
+    pub vitals: Vitals,
+}
+
+/// Where the daemon is: starting (what it does now), or serving.
+#[derive(Clone)]
+pub enum Phase {
+    Starting(String),
+    Ready(Arc<Ready>),
+}
 
 /// Everything a connection needs.
 #[derive(Clone)]
 pub struct Shared {
-    pub engine: Sender<Command>,
-    pub info: Arc<ModelInfo>,
-    pub cache: CacheClient,
+    /// The daemon's phase, as the start-up reports it.
+    pub phase: watch::Receiver<Phase>,
     pub limits: Limits,
     pub block_tokens: usize,
     /// How long a request's acquire may take, from its arrival, before it runs without reuse.
     pub acquire_timeout: Duration,
-    /// The engine's latest counts (health is answered from here, without waiting on it).
-    pub vitals: Vitals,
     /// Events queued per connection before its front end counts as stuck ([`event_queue`]).
     pub event_backlog: usize,
 }
@@ -157,54 +172,32 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
                 break;
             }
         };
-        match msg {
-            FrontendToDaemon::Generate(req) => {
-                let arrived = Instant::now();
-                let hashes = prefix_hashes(shared, &req.prompt, req.cache_salt.as_deref());
-                let request_id = req.request_id;
-                lock(&ends).started(request_id);
-                let cmd = Command::Submit {
+        let phase = shared.phase.borrow().clone();
+        match phase {
+            Phase::Ready(ready) => {
+                let at = requests::At {
                     conn,
-                    req,
-                    acquiring: !hashes.is_empty(),
-                    events: events.clone(),
+                    shared,
+                    ready: &ready,
+                    events: &events,
+                    ends: &ends,
                 };
-                if shared.engine.send(cmd).is_err() {
+                if !at.handle(msg, &answer) {
                     break;
                 }
-                if !hashes.is_empty() {
-                    let deadline = arrived + shared.acquire_timeout;
-                    tokio::spawn(acquire(shared.clone(), conn, request_id, hashes, deadline));
-                }
             }
-            FrontendToDaemon::Cancel { request_id } => {
-                if let Some(a) = lock(&ends).cancel(request_id) {
+            Phase::Starting(stage) => {
+                if let Some(a) = requests::while_starting(msg, &stage) {
                     answer(a);
                 }
-                let _ = shared.engine.send(Command::Cancel { conn, request_id });
-            }
-            FrontendToDaemon::Info => {
-                answer(DaemonToFrontend::Info(Box::new((*shared.info).clone())));
-            }
-            FrontendToDaemon::Health => {
-                let v = read_vitals(&shared.vitals);
-                let epoch = shared.cache.epoch();
-                answer(DaemonToFrontend::Health(DaemonHealth {
-                    cachemgr_connected: epoch.is_some(),
-                    epoch,
-                    running: v.running,
-                    waiting: v.waiting,
-                    preemptions: v.preemptions,
-                    refused_block_ids: v.refused_block_ids,
-                    pool: v.pool,
-                    steps: v.steps,
-                }));
             }
         }
     }
     drop(events);
     // The engine holds event senders until it has ended this connection's requests.
-    let _ = shared.engine.send(Command::ConnectionClosed { conn });
+    if let Phase::Ready(ready) = &*shared.phase.borrow() {
+        let _ = ready.engine.send(Command::ConnectionClosed { conn });
+    }
     if stuck.is_cancelled() {
         // Its writes would never finish: drop them with the socket.
         writer_task.abort();
@@ -213,46 +206,6 @@ async fn connection(stream: LocalStream, conn: u64, shared: &Shared) {
 }
 
 /// The connection's request ends (a std mutex: held for a set lookup, never across an await).
-fn lock(ends: &Mutex<Ends>) -> std::sync::MutexGuard<'_, Ends> {
+pub(super) fn lock(ends: &Mutex<Ends>) -> std::sync::MutexGuard<'_, Ends> {
     ends.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The full-block hashes of a prompt to ask the cache for (none while no manager is registered).
-fn prefix_hashes(shared: &Shared, prompt: &[u32], salt: Option<&str>) -> Vec<BlockHash> {
-    let Some(registration) = shared.cache.registration() else {
-        return Vec::new();
-    };
-    let seed = HashSeed::new(&registration.hash_key, &shared.info.model_id, salt);
-    mlxcel_ipc::block_hash::block_hashes(&seed, prompt, shared.block_tokens)
-}
-
-/// Leases the cached prefix of a submitted request, giving up at `deadline` (a late reply is
-/// unleased by the cache client), and hands it to the engine.
-async fn acquire(
-    shared: Shared,
-    conn: u64,
-    request_id: u64,
-    hashes: Vec<BlockHash>,
-    deadline: Instant,
-) {
-    let got = shared.cache.acquire_by(deadline, hashes.clone()).await;
-    if got.is_none() && Instant::now() >= deadline {
-        tracing::debug!(
-            request = request_id,
-            "the cache manager did not answer in time; no reuse"
-        );
-    }
-    let prefix = match got {
-        Some((lease, blocks)) => Prefix {
-            lease,
-            blocks,
-            hashes,
-        },
-        None => Prefix::default(),
-    };
-    let _ = shared.engine.send(Command::Prefix {
-        conn,
-        request_id,
-        prefix,
-    });
 }

@@ -63,9 +63,18 @@ pub struct DaemonLink {
 }
 
 enum LinkState {
-    Down { reason: String },
+    Down {
+        reason: String,
+    },
+    /// Connected; the daemon loads its model or warms up (`stage`) and serves nothing yet.
+    Starting {
+        stage: String,
+    },
     Up(Arc<Session>),
 }
+
+/// How often the link asks a starting daemon again for its model.
+const STARTING_POLL: Duration = Duration::from_millis(200);
 
 /// One live connection to the daemon, with the model it serves.
 pub struct Session {
@@ -99,11 +108,22 @@ impl DaemonLink {
         link
     }
 
-    /// The live session, or 503 with the reason the daemon is unreachable.
+    /// The live session, or 503 with the reason the daemon is unreachable or not serving yet.
     pub fn session(&self) -> Result<Arc<Session>, ApiError> {
         match &*lock(&self.state) {
             LinkState::Up(s) => Ok(s.clone()),
             LinkState::Down { reason } => Err(ApiError::daemon_down(reason.clone())),
+            LinkState::Starting { stage } => {
+                Err(ApiError::daemon_down(format!("it is starting ({stage})")))
+            }
+        }
+    }
+
+    /// What a starting daemon is doing, while it starts.
+    pub fn starting(&self) -> Option<String> {
+        match &*lock(&self.state) {
+            LinkState::Starting { stage } => Some(stage.clone()),
+            _ => None,
         }
     }
 
@@ -178,7 +198,7 @@ impl Session {
                 }
                 return;
             }
-            DaemonToFrontend::Info(_) => return,
+            DaemonToFrontend::Info(_) | DaemonToFrontend::Starting { .. } => return,
             DaemonToFrontend::Error(e) => {
                 tracing::warn!(code = ?e.code, "the daemon reported an error: {}", e.message);
                 return;
@@ -325,6 +345,14 @@ async fn run_session(
     let info = loop {
         match reader.read_frame::<DaemonToFrontend>().await {
             Ok(Some(DaemonToFrontend::Info(info))) => break info,
+            Ok(Some(DaemonToFrontend::Starting { stage })) => {
+                link.set(LinkState::Starting { stage });
+                tokio::time::sleep(STARTING_POLL).await;
+                writer
+                    .write_frame(&FrontendToDaemon::Info)
+                    .await
+                    .map_err(|e| format!("daemon connection failed: {e}"))?;
+            }
             Ok(Some(_)) => continue,
             Ok(None) => return Err("the daemon closed the connection".into()),
             Err(e) => return Err(format!("daemon connection failed: {e}")),

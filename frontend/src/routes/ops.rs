@@ -43,21 +43,26 @@ async fn daemon_health(app: &AppState) -> Result<DaemonHealth, String> {
 }
 
 /// Each process up or down. 200 while requests can be served (the daemon is up; without the
-/// cache manager the service runs without prefix reuse), 503 otherwise.
+/// cache manager the service runs without prefix reuse), 503 otherwise: `starting`, with the
+/// daemon's stage, while it loads its model and warms up.
 pub async fn health(State(app): State<AppState>) -> Response {
     let (daemon, cache) = tokio::join!(daemon_health(&app), app.cache.stats());
     let model = app.daemon.session().ok().map(|s| s.model.model_id.clone());
-    let daemon_json = match &daemon {
-        Ok(h) => json!({
-            "status": "up",
-            "model": model,
-            "cachemgr_connected": h.cachemgr_connected,
-            "running": h.running,
-            "waiting": h.waiting,
-            "refused_block_ids": h.refused_block_ids,
-            "pool": h.pool,
-        }),
-        Err(e) => json!({"status": "down", "error": e}),
+    let starting = app.daemon.starting();
+    let daemon_json = match (&daemon, &starting) {
+        (Err(_), Some(stage)) => json!({"status": "starting", "stage": stage}),
+        _ => match &daemon {
+            Ok(h) => json!({
+                "status": "up",
+                "model": model,
+                "cachemgr_connected": h.cachemgr_connected,
+                "running": h.running,
+                "waiting": h.waiting,
+                "refused_block_ids": h.refused_block_ids,
+                "pool": h.pool,
+            }),
+            Err(e) => json!({"status": "down", "error": e}),
+        },
     };
     let cache_json = match &cache {
         Ok(s) => json!({
@@ -71,6 +76,7 @@ pub async fn health(State(app): State<AppState>) -> Response {
     let status = match (&daemon, &cache) {
         (Ok(_), Ok(_)) => "ok",
         (Ok(_), Err(_)) => "degraded",
+        (Err(_), _) if starting.is_some() => "starting",
         _ => "unavailable",
     };
     let code = if daemon.is_ok() {

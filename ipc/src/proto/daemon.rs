@@ -269,6 +269,11 @@ pub enum DaemonToFrontend {
     },
     Info(Box<ModelInfo>),
     Health(DaemonHealth),
+    /// The answer to `Info` and `Health` while the daemon loads its model and warms up: what it
+    /// is doing now (`Generate` then fails with [`super::ErrorCode::Starting`]).
+    Starting {
+        stage: String,
+    },
     /// A frame that was not understood.
     Error(WireError),
 }

@@ -30,6 +30,8 @@ pub enum ErrorCode {
     NotFound,
     /// The server is shutting down.
     ShuttingDown,
+    /// The server is starting (loading its model, warming up) and serves nothing yet.
+    Starting,
     /// The server failed for a reason of its own (not the request's); the message says which.
     Internal,
 }
@@ -45,6 +47,7 @@ impl ErrorCode {
             ErrorCode::BadGeometry => "bad_geometry",
             ErrorCode::NotFound => "not_found",
             ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Starting => "starting",
             ErrorCode::Internal => "internal",
         }
     }
