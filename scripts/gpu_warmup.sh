@@ -35,7 +35,7 @@ for setting in "$@"; do
     fi
     exec "$STAGE/bin/mlxcel-daemon" --model "$model" --socket-dir "$sockets" \
       --max-batch-size "${BATCH:-32}" \
-      --log-level "info,mlxcel_daemon::model::fused_prefill=debug,mlxcel_daemon::engine::warmup=debug,mlxcel_daemon::nvrtc_tap=debug"
+      --log-level "info,mlxcel_daemon::backend::cuda::padded=debug,mlxcel_daemon::engine::warmup=debug,mlxcel_daemon::nvrtc_tap=debug"
   ) > "$OUT/$name.log" 2>&1 &
   pid=$!
   started=$(date +%s%N)

@@ -97,13 +97,34 @@ extern "C" int mlx_gather_qqmm("""
 
 BUILD_RS_OLD = "fn build_and_link_mlx_c() {\n"
 BUILD_RS_NEW = """fn build_and_link_mlx_c() {
+    if cross_check() {
+        return;
+    }
     if env::var("CARGO_CFG_TARGET_VENDOR").as_deref() != Ok("apple") {
         return build_and_link_system_mlx();
     }
 """
 
+# The bindings of a macOS type check from Linux (`scripts/check_macos.sh`): generated for the
+# host, whose headers clang finds (the declarations are the same on both; only the check links
+# nothing).
+BINDINGS_OLD = """    let bindings = bindgen_config::builder(&mlx_c_root, &headers)
+"""
+BINDINGS_NEW = """    let host_target = format!("--target={}", env::var("HOST").unwrap_or_default());
+    let bindings = bindgen_config::builder(&mlx_c_root, &headers)
+        .clang_args(cross_check().then_some(host_target))
+"""
+
 # Appended to build.rs: non-Apple targets build mlx-c against the MLX of the mlx-cpu wheel.
 BUILD_RS_SYSTEM = r'''
+
+/// A type check for macOS from another host (added by mlxcel's scripts/patch_mlx_sys.py):
+/// MLX cannot be built here for Apple's targets, and a check links nothing, so nothing is built
+/// and the bindings are generated for the host.
+fn cross_check() -> bool {
+    env::var("CARGO_CFG_TARGET_VENDOR").as_deref() == Ok("apple")
+        && !env::var("HOST").unwrap_or_default().contains("apple")
+}
 
 /// Non-Apple targets (added by mlxcel's scripts/patch_mlx_sys.py): build mlx-c against the
 /// prebuilt MLX at `$MLX_DIR` (the `share/cmake/MLX` folder of the `mlx-cpu` wheel) and link
@@ -172,6 +193,7 @@ def main() -> None:
         (mlx_c / "private" / "io.h").write_text(text.replace(old, new))
     replace_once(mlx_c / "ops.cpp", OPS_OLD, OPS_NEW)
     replace_once(out / "build.rs", BUILD_RS_OLD, BUILD_RS_NEW)
+    replace_once(out / "build.rs", BINDINGS_OLD, BINDINGS_NEW)
     with open(out / "build.rs", "a") as f:
         f.write(BUILD_RS_SYSTEM)
     (out / "src" / "mach_time_linux.c").write_text(MACH_TIME_C)

@@ -64,3 +64,141 @@ fn no_crate_includes_another_crates_test_files() {
         "use the shared kit (mlxcel_tests) instead of #[path] includes: {offenders:?}"
     );
 }
+
+/// The crates' maps: the file whose `//!` doc lists its modules.
+const MAPS: [&str; 7] = [
+    "ipc/src/lib.rs",
+    "config/src/lib.rs",
+    "cachemgr/src/lib.rs",
+    "daemon/src/lib.rs",
+    "frontend/src/lib.rs",
+    "ctl/src/main.rs",
+    "tests/kit/lib.rs",
+];
+
+#[test]
+fn every_module_is_named_in_its_crates_map() {
+    let mut missing = Vec::new();
+    for map in MAPS {
+        let text = std::fs::read_to_string(root().join(map)).expect("map");
+        let doc: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let modules = text.lines().filter_map(|l| {
+            let l = l.trim_start_matches("pub ");
+            let name = l.strip_prefix("mod ")?.strip_suffix(';')?;
+            Some(name.to_string())
+        });
+        for m in modules {
+            let named = doc.contains(&format!("[`{m}`]")) || doc.contains(&format!("`{m}`"));
+            if !named {
+                missing.push(format!("{map}: {m}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "modules missing from their crate's map: {missing:?}"
+    );
+}
+
+/// Every `pub type NAME =` and `pub struct NAMEId` in the crates' sources, with where.
+fn type_definitions() -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    for krate in ["ipc", "config", "cachemgr", "ctl", "daemon", "frontend"] {
+        rust_files(&root().join(krate).join("src"), &mut files);
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("source");
+        for line in text.lines().map(str::trim) {
+            let name = if let Some(rest) = line.strip_prefix("pub type ") {
+                rest.split([' ', '<', '=']).next()
+            } else if let Some(rest) = line.strip_prefix("pub struct ") {
+                rest.split([' ', '(', '<', '{', ';'])
+                    .next()
+                    .filter(|n| n.ends_with("Id"))
+            } else {
+                None
+            };
+            if let Some(name) = name.filter(|n| !n.is_empty()) {
+                out.push((name.to_string(), f.display().to_string()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_type_alias_or_id_type_is_defined_twice() {
+    let defs = type_definitions();
+    assert!(
+        defs.iter().any(|(n, _)| n == "BlockId"),
+        "the scan finds BlockId's definition"
+    );
+    let mut twice = Vec::new();
+    for (i, (name, file)) in defs.iter().enumerate() {
+        if let Some((_, other)) = defs[i + 1..].iter().find(|(n, _)| n == name) {
+            twice.push(format!("{name}: {file} and {other}"));
+        }
+    }
+    assert!(twice.is_empty(), "defined twice: {twice:?}");
+}
+
+#[test]
+fn architectures_and_backends_import_nothing_from_the_engine_the_pool_or_the_server() {
+    let forbidden = [
+        "crate::engine",
+        "crate::scheduler",
+        "crate::runner",
+        "crate::sequence",
+        "crate::server",
+        "crate::pool",
+        "crate::paged",
+        "crate::cache_client",
+    ];
+    let mut files = Vec::new();
+    for dir in ["daemon/src/model", "daemon/src/backend"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    assert!(files.len() > 10, "found only {} files", files.len());
+    let mut offenders = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("source");
+        for (n, line) in text.lines().enumerate() {
+            if let Some(what) = forbidden.iter().find(|w| line.contains(*w)) {
+                offenders.push(format!("{}:{}: {what}", f.display(), n + 1));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:?}");
+}
+
+#[test]
+fn no_mlxcel_variable_is_read_outside_the_configuration_and_the_test_kit() {
+    let mut files = Vec::new();
+    for krate in ["ipc", "cachemgr", "ctl", "daemon", "frontend"] {
+        rust_files(&root().join(krate), &mut files);
+    }
+    // A build script reads the build's own configuration (`MLXCEL_BACKEND`, which MLX the
+    // binaries link), not a setting of a running process.
+    files.retain(|f| !f.ends_with("build.rs"));
+    let mut offenders = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("source");
+        for (n, line) in text.lines().enumerate() {
+            let reads = line.contains("env::var(\"MLXCEL_")
+                || line.contains("env::var_os(\"MLXCEL_")
+                || (line.contains("env::var") && line.contains("MLXCEL_"));
+            if reads {
+                offenders.push(format!("{}:{}", f.display(), n + 1));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "read outside config/ and tests/kit: {offenders:?}"
+    );
+}

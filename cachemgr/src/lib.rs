@@ -12,6 +12,7 @@
 //! - [`cache`]: [`Cache`], the whole state and every decision, with no I/O.
 //! - [`server`]: the socket listener, per-connection handlers and the task that owns the cache.
 //! - [`config`]: command-line flags and their environment variables.
+//! - [`hash_key`]: the installation's secret that keys block hashes.
 
 pub mod cache;
 pub mod config;

@@ -20,6 +20,8 @@
 //! - [`generate`]: the generation loop for one sequence (tests and benchmarks).
 //! - [`jit_cache`]: the directory MLX keeps compiled kernels in, shared between daemons.
 //! - [`kv`]: the interfaces attention reads K/V through, and a dense store.
+//! - `loader` ([`load`], [`load_on`], [`load_placed`]): opening a model path (a GGUF file or a
+//!   model directory) onto a device.
 //! - [`model`]: configuration, weights (GGUF, safetensors), architectures.
 //! - [`paged`]: a pass's view of the pool over its sequences' block tables.
 //! - [`pool`]: the paged KV pool (slabs, free list, refcounts, gathers, table reads).

@@ -1,4 +1,4 @@
-//! The CUDA decode attention (`model::attention_cuda`) gives what a softmax over each row's own
+//! The CUDA decode attention (`backend::cuda::attention`) gives what a softmax over each row's own
 //! valid keys gives (f32, MLX's ops): rows of different lengths in one padded batch, a shared
 //! prefix read before them, both layouts of the padded keys, queries that are a strided view,
 //! f16 and f32, and the group sizes of SmolLM2 (3) and Llama 3 8B (4). Needs a CUDA GPU: without

@@ -8,7 +8,11 @@
 //!
 //! # Layout
 //! - [`http_server`]: the HTTP/1.1 accept loop with header timeouts and a graceful drain.
-//! - [`routes`]: the router, bearer-token check, request ids; one file per group of routes.
+//! - [`routes`]: the router, bearer-token check, request ids; one file per group of routes;
+//!   [`state`]: what every handler shares.
+//! - [`gate`]: the door against browsers (`Host` and `Origin` checks); [`tenants`]: API keys,
+//!   their tenants and the admin key.
+//! - [`stall_guard`]: the write timeout that drops a client which stopped reading.
 //! - [`body`]: the JSON body extractor with OpenAI-shaped refusals.
 //! - [`openai`]: request and response types as OpenAI clients see them.
 //! - [`validate`]: OpenAI requests → [`validate::ValidRequest`], the only type sent on.

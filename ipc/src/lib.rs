@@ -7,7 +7,8 @@
 //! # Layout
 //! - [`codec`]: the only place that knows the payload encoding (bincode 2 + serde).
 //! - [`connection`]: [`FrameReader`] / [`FrameWriter`] / [`Connection`]: length-prefixed frames
-//!   with a hard size limit; framing never leaks into command logic.
+//!   with a hard size limit; framing never leaks into command logic. [`frame_codec`]: the frame
+//!   decoder its reads use (the limit checked before anything is reserved).
 //! - [`hello`]: the handshake every connection starts with, and the protocol version;
 //!   [`handshake`]: its server side (peer uid check included).
 //! - [`proto`]: the conversations: daemon ↔ cache manager ([`proto::cache`]) and admin
@@ -15,9 +16,11 @@
 //! - [`geometry`]: model KV geometry and the one formula for a block's real size in bytes.
 //! - [`block_hash`]: [`BlockHash`], the chained hash that names a block of tokens.
 //! - [`runtime_dir`]: the private socket directory and socket paths.
-//! - [`client`]: connecting with a handshake, and [`client::AdminClient`].
+//! - [`client`]: connecting with a handshake, and [`client::AdminClient`]; [`reconnect`]: keeping
+//!   one client connection up with backoff.
 //! - [`socket`]: binding (stale-socket removal, 0600), connecting, and the peer uid check.
-//! - [`signals`]: SIGTERM / SIGINT as a future.
+//! - [`signals`]: SIGTERM / SIGINT as a future; [`lifeline`]: a supervised child's end with its
+//!   supervisor.
 //! - [`size`]: parsing and printing byte sizes (`512MiB`, `2GiB`).
 //! - [`fuzzing`]: arbitrary bytes through every decoder (for `fuzz/` and its corpus replay).
 

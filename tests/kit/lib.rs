@@ -5,6 +5,14 @@
 //!
 //! The tests themselves are the files next to this directory (`tests/*.rs`); the crates'
 //! own tests use the kit as a dev-dependency.
+//!
+//! # Layout
+//! - [`serve`]: the stack under `mlxcelctl serve`; [`stack`]: the three processes one by one.
+//! - [`daemon`]: a daemon alone; [`manager`]: a cache manager alone; [`cache_daemon`]: a test
+//!   daemon client of the manager; [`geometry`]: SmolLM2-135M's geometry.
+//! - [`http`]: blocking HTTP/1.1 for tests, and free ports.
+//! - Here: where binaries and fixtures are, waiting on events, and [`knob`], the benchmarks'
+//!   and tests' own `MLXCEL_*` settings.
 
 pub mod cache_daemon;
 pub mod daemon;

@@ -13,14 +13,14 @@ use crate::error::ApiError;
 use crate::openai::request::{ChatRequest, CompletionRequest};
 use crate::queue::QueueSlot;
 use crate::respond::{self, Chunker, Kind};
-use crate::routes::RequestId;
+use crate::routes::HttpRequestId;
 use crate::state::AppState;
 use crate::tenants::{self, Caller};
 use crate::validate::{self, ValidRequest};
 
 pub async fn chat(
     State(app): State<AppState>,
-    Extension(rid): Extension<RequestId>,
+    Extension(rid): Extension<HttpRequestId>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
@@ -42,7 +42,7 @@ pub async fn chat(
 
 pub async fn completions(
     State(app): State<AppState>,
-    Extension(rid): Extension<RequestId>,
+    Extension(rid): Extension<HttpRequestId>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {

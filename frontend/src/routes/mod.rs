@@ -22,9 +22,10 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::tenants::Caller;
 
-/// The request's id: the client's `x-request-id` when it is sane, else one of ours.
+/// The HTTP request's id (`x-request-id`, the client's when it is sane, else one of ours), as
+/// logs and responses name it; not the daemon's `RequestId`.
 #[derive(Debug, Clone)]
-pub struct RequestId(pub String);
+pub struct HttpRequestId(pub String);
 
 const REQUEST_ID: &str = "x-request-id";
 
@@ -142,7 +143,7 @@ async fn request_context(State(app): State<AppState>, mut req: Request, next: Ne
         .map_or("unmatched", |p| p.as_str())
         .to_string();
     let method = req.method().clone();
-    req.extensions_mut().insert(RequestId(id.clone()));
+    req.extensions_mut().insert(HttpRequestId(id.clone()));
     let started = Instant::now();
     let span = tracing::info_span!("request", request_id = %id);
     let mut response = tracing::Instrument::instrument(next.run(req), span.clone()).await;

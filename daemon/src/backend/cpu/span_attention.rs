@@ -229,7 +229,7 @@ fn run(qv: &[f32], vis: &[usize], spans: &[(Rows, Rows)], h: usize, hd: usize, o
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (kp, vp, &mut scores, &mut state);
+            let _ = (qv, kp, vp, &mut scores, &mut state);
             at += kt;
             j0 += kt;
         }

@@ -6,7 +6,7 @@
 //!
 //! So a chunk runs a padded number of rows ([`query_rows`]: a power of two, at least
 //! [`MIN_QUERY_ROWS`]; past [`MAX_POWER_ROWS`] a multiple of it), and its attention reads keys
-//! padded with zero rows to a few buckets ([`key_rows`]: up to [`SHORT_KEYS`] one bucket, then a
+//! padded with zero rows to a few buckets ([`shape`]: up to [`SHORT_KEYS`] one bucket, then a
 //! power of two) with its queries padded to at least [`MAX_POWER_ROWS`], except a chunk of at
 //! most [`FEW_ROWS`] rows (the new tokens of a prompt whose prefix is cached), which keeps them.
 //! That is a handful of shapes, which the warm-up builds before the daemon listens. Attention is
