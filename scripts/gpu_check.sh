@@ -8,10 +8,11 @@
 #   STAGE (scripts/gpu_stage.sh + gpu_unstage.sh make one) holds site/ (MLX unpacked) or mlx.whl
 #   (mlx-cuda-13, the version setup pins), model.gguf (the default model) and
 #   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden`, `few_rows_cuda`, `attention_cuda`,
-#   `table_attention_cuda`, `daemon_e2e` and `pipelined_decode` test executables, as `cargo test
-#   --release --no-run --features mlxcel-daemon/cuda -p mlxcel-daemon --test golden --test
-#   few_rows_cuda --test attention_cuda --test table_attention_cuda -p mlxcel-tests --test
-#   daemon_e2e --test pipelined_decode` built them). The test kit finds the
+#   `table_attention_cuda`, `daemon_e2e`, `pipelined_decode` and `constrained_decode` test
+#   executables, as `cargo test --release --no-run --features mlxcel-daemon/cuda -p
+#   mlxcel-daemon --test golden --test few_rows_cuda --test attention_cuda --test
+#   table_attention_cuda -p mlxcel-tests --test daemon_e2e --test pipelined_decode --test
+#   constrained_decode` built them). The test kit finds the
 #   binaries beside the test executable; the tests look for the checkout they were built in
 #   (it holds models/): BUILT_ROOT names it (default: the one gpu_stage.sh recorded, else
 #   /work/main). BUILT_TARGET (default
@@ -75,8 +76,9 @@ wait "$pid" 2>/dev/null
 
 "$STAGE/bin/daemon_e2e" --test-threads 1 > "$OUT/daemon_e2e.log" 2>&1 || status=1
 "$STAGE/bin/pipelined_decode" --test-threads 1 > "$OUT/pipelined_decode.log" 2>&1 || status=1
+"$STAGE/bin/constrained_decode" --test-threads 1 > "$OUT/constrained_decode.log" 2>&1 || status=1
 grep -h -E "^test |test result|golden: on|skipped" "$OUT"/golden.log "$OUT"/few_rows_cuda.log \
   "$OUT"/attention_cuda.log "$OUT"/table_attention_cuda.log \
-  "$OUT"/daemon_e2e.log "$OUT"/pipelined_decode.log
+  "$OUT"/daemon_e2e.log "$OUT"/pipelined_decode.log "$OUT"/constrained_decode.log
 grep -E "backend|warm|listening" "$OUT/daemon_startup.log" | head -5
 exit "$status"

@@ -11,6 +11,12 @@ Writes daemon/tests/fixtures/smollm2_golden.json with:
 Run: .venv/bin/pip install llama-cpp-python==0.3.36 jinja2 gguf numpy
      .venv/bin/python scripts/make_goldens.py
 (building llama-cpp-python from source takes ~5 min on 2 cores; tests only read the JSON).
+
+With --templates it writes only frontend/tests/fixtures/tool_templates.json: conversations with
+tools, tool calls, tool results and reasoning, rendered by Hugging Face's
+`apply_chat_template` (transformers, installed by `scripts/setup.sh --bench`) with the Qwen-style
+template frontend/tests/fixtures/qwen_style_template.jinja, as a client's OpenAI request would
+reach it (a call's arguments parsed from their JSON text, as vLLM and mlxcel pass them).
 """
 
 import json
@@ -20,12 +26,6 @@ from pathlib import Path
 
 import jinja2
 import jinja2.sandbox
-import numpy as np
-import llama_cpp
-from llama_cpp import Llama
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference_llama import ReferenceLlama  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,7 +65,84 @@ def render(template: str, messages) -> str:
                                             bos_token="<|im_start|>", eos_token="<|im_end|>")
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, now.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city, e.g. Paris"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {
+    "name": "local_time", "description": "The time in a time zone.",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+
+# Each case is what an OpenAI client sends (arguments as JSON text); mlxcel's test converts it
+# itself and must render the same text.
+TOOL_CASES = [
+    {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER]},
+    {"messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Weather in Paris and the time in Tokyo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}},
+            {"id": "call_2", "type": "function",
+             "function": {"name": "local_time", "arguments": "{\"zone\":\"Asia/Tokyo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18°C, clear"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "21:04"},
+    ], "tools": [WEATHER, CLOCK]},
+    {"messages": [
+        {"role": "user", "content": "Is it warm?"},
+        {"role": "assistant", "content": "Let me check.", "reasoning_content": "Need the tool.",
+         "tool_calls": [{"id": "c", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "30°C"},
+        {"role": "assistant", "content": "<think>\nWarm.\n</think>\n\nYes, 30°C."},
+        {"role": "user", "content": "Thanks"},
+    ], "tools": [WEATHER], "enable_thinking": False},
+    {"messages": [{"role": "system", "content": "Plain chat."}, {"role": "user", "content": "Hi"}]},
+]
+
+
+def tool_templates() -> None:
+    import copy
+
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    root = Path(__file__).resolve().parent.parent
+    source = (root / "frontend/tests/fixtures/qwen_style_template.jinja").read_text()
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"x": 0}, unk_token="x")))
+    tok.chat_template = source
+    cases = []
+    for case in TOOL_CASES:
+        messages = copy.deepcopy(case["messages"])
+        for m in messages:
+            if m.get("content") is None:
+                m["content"] = ""
+            for call in m.get("tool_calls", []):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        kwargs = {"enable_thinking": case["enable_thinking"]} if "enable_thinking" in case else {}
+        text = tok.apply_chat_template(messages, tools=case.get("tools"), tokenize=False,
+                                       add_generation_prompt=True, **kwargs)
+        cases.append({**case, "rendered": text})
+    import transformers
+    out = root / "frontend/tests/fixtures/tool_templates.json"
+    out.write_text(json.dumps({
+        "made_by": f"transformers {transformers.__version__} apply_chat_template, jinja2 {jinja2.__version__}",
+        "template": "qwen_style_template.jinja",
+        "cases": cases,
+    }, ensure_ascii=False, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def main() -> None:
+    import numpy as np
+    import llama_cpp
+    from llama_cpp import Llama
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from reference_llama import ReferenceLlama
+
     llm = Llama(model_path=str(MODEL), n_ctx=2048, n_threads=2, verbose=False, seed=0)
     template = llm.metadata["tokenizer.chat_template"]
     tokens = [
@@ -106,4 +183,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--templates" in sys.argv:
+        tool_templates()
+    else:
+        main()

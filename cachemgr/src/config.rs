@@ -31,6 +31,9 @@ pub struct Args {
     #[arg(long, env = "MLXCEL_CACHE_IDLE_TTL", default_value = "off", value_parser = parse_optional_duration, value_name = "DURATION")]
     pub idle_ttl: Toggle,
 
+    #[arg(long, env = "MLXCEL_CACHE_PIN_SHARE", default_value = "0.5", value_parser = parse_share, value_name = "SHARE")]
+    pub pin_share: f64,
+
     #[arg(long, env = "MLXCEL_CACHE_LEASE_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_timeout: Duration,
 
@@ -60,6 +63,7 @@ impl Args {
             capacity_bytes: self.capacity_bytes,
             max_blocks: self.max_blocks,
             idle_ttl: self.idle_ttl.0,
+            pin_share: self.pin_share,
             lease_timeout: self.lease_timeout,
             release_timeout: self.release_timeout,
             reconcile_interval: self.reconcile_interval.0,
@@ -85,6 +89,16 @@ impl Args {
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("`{text}` is not a duration such as 30s, 10m or 2h: {e}"))
+}
+
+/// A share between 0 and 1.
+pub fn parse_share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{text}` is not a share between 0 and 1, such as 0.5"
+        )),
+    }
 }
 
 /// A duration that can be switched off.

@@ -8,6 +8,7 @@
 //! # Layout
 //! - [`index`]: the block tree keyed by `BlockHash`, with an O(1) LRU over unpinned leaves.
 //! - [`leases`], [`releases`]: pins held for requests; releases awaiting acknowledgement.
+//! - [`pins`]: prefixes requests asked to keep for a while (`cache_control`), within a share.
 //! - [`policy`]: capacity, max blocks, TTL and timeouts.
 //! - [`cache`]: [`Cache`], the whole state and every decision, with no I/O.
 //! - [`server`]: the socket listener, per-connection handlers and the task that owns the cache.
@@ -19,6 +20,7 @@ pub mod config;
 pub mod hash_key;
 pub mod index;
 pub mod leases;
+pub mod pins;
 pub mod policy;
 pub mod releases;
 pub mod server;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// Limits and timeouts the cache manager enforces.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// Cap on real bytes held for the cache: retained blocks plus blocks whose release the
     /// daemon has not acknowledged yet.
@@ -12,6 +12,8 @@ pub struct Policy {
     pub max_blocks: Option<u64>,
     /// Evict blocks idle for longer than this (None = never).
     pub idle_ttl: Option<Duration>,
+    /// The share of the capacity that pins (requests' `cache_control`) may hold, 0 to 1.
+    pub pin_share: f64,
     /// A lease unpins after this long even if the daemon never says so.
     pub lease_timeout: Duration,
     /// A release not acknowledged after this long is sent again; a donation waiting for
@@ -27,6 +29,7 @@ impl Default for Policy {
             capacity_bytes: 2 << 30,
             max_blocks: None,
             idle_ttl: None,
+            pin_share: 0.5,
             lease_timeout: Duration::from_secs(30),
             release_timeout: Duration::from_secs(5),
             reconcile_interval: Some(Duration::from_secs(30)),

@@ -273,6 +273,7 @@ fn run(capacity_blocks: u64, max_blocks: Option<u64>, ops: Vec<Op>) -> Result<()
         lease_timeout: Duration::from_secs(24 * 3600),
         release_timeout: Duration::from_secs(3600),
         reconcile_interval: None,
+        ..Policy::default()
     };
     let mut cache = Cache::new(policy);
     let mut now = Instant::now();
@@ -362,7 +363,7 @@ fn run(capacity_blocks: u64, max_blocks: Option<u64>, ops: Vec<Op>) -> Result<()
                 let lease = seq.lease;
                 d.donating.insert(call, seq);
                 cache
-                    .donate(call, donated, now)
+                    .donate(call, donated, Vec::new(), now)
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 if let Some(l) = lease {
                     d.leased.remove(&l);

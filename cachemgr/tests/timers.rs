@@ -81,7 +81,12 @@ impl Harness {
             .zip(blocks)
             .map(|(&hash, &block)| DonatedBlock { hash, block })
             .collect();
-        self.send(DaemonToCache::Donate { call, blocks }).await;
+        self.send(DaemonToCache::Donate {
+            call,
+            blocks,
+            pins: Vec::new(),
+        })
+        .await;
     }
 
     /// Everything the cache has sent so far.

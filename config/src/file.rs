@@ -152,6 +152,9 @@ fn entry(
         toml::Value::String(s) => s.clone(),
         toml::Value::Integer(i) if !matches!(key.kind, Kind::Text | Kind::Secret) => i.to_string(),
         toml::Value::Float(f) if key.kind == Kind::Number => f.to_string(),
+        toml::Value::Boolean(b) if key.kind == Kind::Switch => {
+            if *b { "on" } else { "off" }.to_string()
+        }
         other => return Err(bad(format!("{} `{other}`", other.type_str()))),
     };
     if !is_valid(key.kind, &text) {
@@ -162,6 +165,15 @@ fn entry(
         key,
         value: text,
     })
+}
+
+/// `on`/`off` (also `true`/`false`, `yes`/`no`, `1`/`0`) as a flag's value.
+pub fn parse_switch(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("`{text}` is neither on nor off")),
+    }
 }
 
 /// Whether `text` is a valid value of `kind`.
@@ -179,6 +191,7 @@ pub fn is_valid(kind: Kind, text: &str) -> bool {
         Kind::Number => t.parse::<f64>().is_ok_and(f64::is_finite),
         Kind::Whole => t.parse::<u64>().is_ok(),
         Kind::WholeOrAuto => t == "auto" || t.parse::<u64>().is_ok(),
+        Kind::Switch => parse_switch(t).is_ok(),
         Kind::Text | Kind::Secret => true,
     }
 }

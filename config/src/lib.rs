@@ -33,6 +33,6 @@ pub mod process_env;
 pub mod reference;
 pub mod resolve;
 
-pub use file::{ConfigError, ConfigFile};
+pub use file::{ConfigError, ConfigFile, parse_switch};
 pub use keys::{KEYS, Key, Kind, Section};
 pub use resolve::{Setting, Source, apply_file_to_env, apply_shared_key_to_env, effective};

@@ -29,6 +29,9 @@ fn request(request_id: u64, prompt: Vec<u32>, max_tokens: u32) -> FrontendToDaem
         sampling: Sampling::default(),
         logprobs: false,
         cache_salt: None,
+        grammar: None,
+        logit_bias: Vec::new(),
+        pins: Vec::new(),
     })
 }
 

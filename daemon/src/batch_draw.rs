@@ -75,9 +75,19 @@ pub struct Drawn {
     pub logprobs: Option<Array>,
 }
 
-/// Draws row `i` of `logits` (`[rows, vocab]`, f32) as `rows[i]` says; with `logprobs`, also
-/// each chosen token's log-probability.
-pub fn draw(logits: &Array, rows: &[RowDraw], logprobs: bool) -> Result<Drawn> {
+/// Draws row `i` of `logits` (`[rows, vocab]`, f32) plus `bias` (same shape: a grammar's mask
+/// as 0 or `-inf`, logit biases) as `rows[i]` says; with `logprobs`, also each chosen token's
+/// log-probability under the model (without the bias).
+pub fn draw(
+    model_logits: &Array,
+    bias: Option<&Array>,
+    rows: &[RowDraw],
+    logprobs: bool,
+) -> Result<Drawn> {
+    let logits = &match bias {
+        Some(b) => ops::add(model_logits, b)?,
+        None => model_logits.clone(),
+    };
     let b = rows.len() as i32;
     let vocab = logits.shape().last().copied().unwrap_or(0);
     if logits.shape() != [b, vocab] || vocab == 0 {
@@ -96,8 +106,8 @@ pub fn draw(logits: &Array, rows: &[RowDraw], logprobs: bool) -> Result<Drawn> {
     };
     let tokens = tokens.as_dtype(Dtype::Uint32)?;
     let logprobs = if logprobs {
-        let at = take_along_axis(logits, tokens.reshape(&[b, 1])?, -1)?;
-        let total = ops::logsumexp_axis(logits, -1, true)?;
+        let at = take_along_axis(model_logits, tokens.reshape(&[b, 1])?, -1)?;
+        let total = ops::logsumexp_axis(model_logits, -1, true)?;
         Some(ops::subtract(&at, &total)?.reshape(&[b])?)
     } else {
         None
@@ -140,8 +150,9 @@ fn sample(logits: &Array, rows: &[RowDraw], vocab: i32) -> Result<Array> {
         .take_axis(Array::from_int(vocab - 1), -1)?
         .reshape(&[b, 1])?;
     let target = ops::multiply(&total, column(&|r| r.uniform.clamp(0.0, 1.0)))?;
-    // The first token whose cumulative mass passes the target: it has mass, so it is kept.
-    let below = ops::sum_axis(&ops::lt(&cdf, &target)?.as_dtype(Dtype::Int32)?, -1, false)?;
+    // The first token whose cumulative mass passes the target: it has mass, so it is kept
+    // (a token a grammar masks out has none, even at a target of 0).
+    let below = ops::sum_axis(&ops::le(&cdf, &target)?.as_dtype(Dtype::Int32)?, -1, false)?;
     Ok(ops::minimum(&below, Array::from_int(vocab - 1))?)
 }
 

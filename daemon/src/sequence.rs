@@ -5,8 +5,9 @@
 use std::time::Instant;
 
 use mlx_rs::Array;
+use mlxcel_grammar::{Constraint, Verdict};
 use mlxcel_ipc::BlockHash;
-use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, RequestId, Usage};
+use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, Pin, RequestId, Usage};
 
 use crate::Result;
 use crate::batch_draw::Drawn;
@@ -45,6 +46,10 @@ pub struct Sequence {
     /// The next token to compute: sampled on the host (and sent), or drawn on the device by
     /// the last decode step and not read yet.
     pub input: Option<Input>,
+    /// Which tokens may come next (a grammar) and logit biases, if the request has them.
+    pub constraint: Option<Constraint>,
+    /// Prompt prefixes to keep cached for a while once it finishes.
+    pub pins: Vec<Pin>,
 }
 
 /// A decode step's input token.
@@ -178,26 +183,39 @@ impl Sequence {
         let Some(logits) = self.next_logits.take() else {
             return Ok(Sampled::Finished(FinishReason::Length));
         };
-        let choice = self.sampler.sample(logits.values()?);
-        let sampled = self.accept(choice.token, choice.logprob);
+        let values = logits.values()?;
+        let choice = match &self.constraint {
+            Some(c) => self.sampler.sample_adjusted(values, |v| c.apply(v)),
+            None => self.sampler.sample(values),
+        };
+        let sampled = self.accept(choice.token, choice.logprob)?;
         if let Sampled::Next(token) = sampled {
             self.input = Some(Input::Host(token));
         }
         Ok(sampled)
     }
 
+    /// Whether the next token's mask depends on the token before it (a grammar): such a row's
+    /// draw waits until that token is read.
+    pub fn follows_grammar(&self) -> bool {
+        self.constraint
+            .as_ref()
+            .is_some_and(Constraint::has_grammar)
+    }
+
     /// Reads the token `pending` holds for this sequence, sends it, and says whether to go on.
     pub fn accept_drawn(&mut self, pending: Pending) -> Result<Sampled> {
         let (token, logprob) = pending.read(self.sampler.logprobs())?;
         self.sampler.record(token);
-        Ok(self.accept(token, logprob))
+        self.accept(token, logprob)
     }
 
     /// Takes `token` as the next output: a stop token ends the sequence unsent; otherwise it is
-    /// sent, and the sequence ends at `max_tokens`.
-    fn accept(&mut self, token: u32, logprob: Option<f32>) -> Sampled {
+    /// sent, and the sequence ends at `max_tokens` or where its grammar is complete. A grammar
+    /// then computes the next token's mask.
+    fn accept(&mut self, token: u32, logprob: Option<f32>) -> Result<Sampled> {
         if self.stop_ids.contains(&token) {
-            return Sampled::Finished(FinishReason::Stop);
+            return Ok(Sampled::Finished(FinishReason::Stop));
         }
         self.generated.push(token);
         self.events.send(DaemonToFrontend::Token {
@@ -205,10 +223,24 @@ impl Sequence {
             token,
             logprob,
         });
-        if self.generated.len() >= self.max_tokens {
-            return Sampled::Finished(FinishReason::Length);
+        if let Some(c) = self.constraint.as_mut() {
+            let verdict = c.accept(token).map_err(|e| {
+                crate::EngineError::Internal(format!("the answer left its grammar: {e}"))
+            })?;
+            if verdict == Verdict::Complete {
+                return Ok(Sampled::Finished(FinishReason::Stop));
+            }
         }
-        Sampled::Next(token)
+        if self.generated.len() >= self.max_tokens {
+            return Ok(Sampled::Finished(FinishReason::Length));
+        }
+        let remaining = self.max_tokens - self.generated.len();
+        if let Some(c) = self.constraint.as_mut() {
+            c.prepare(remaining).map_err(|e| {
+                crate::EngineError::Internal(format!("the grammar's next mask failed: {e}"))
+            })?;
+        }
+        Ok(Sampled::Next(token))
     }
 
     /// Forgets this sequence's row of the last decode step: its input token ended the
@@ -231,6 +263,7 @@ impl Sequence {
             queue_ms: ms(self.queued_at, self.started_at),
             prefill_ms: ms(self.started_at, prefill_end),
             decode_ms: ms(prefill_end, now),
+            pinned_tokens: 0,
         }
     }
 

@@ -48,8 +48,9 @@ fn resident_memory_follows_the_blocks_held() {
 
     // Fragmentation: one block held in each slab keeps every slab resident, and the pool
     // says so (resident blocks far above held ones).
-    let (keep, drop): (Vec<u32>, Vec<u32>) =
-        blocks.iter().partition(|&&b| b as usize % per_slab == 0);
+    let (keep, drop): (Vec<u32>, Vec<u32>) = blocks
+        .iter()
+        .partition(|&&b| (b as usize).is_multiple_of(per_slab));
     drop.into_iter().for_each(|b| pool.release(b));
     assert_eq!(pool.resident_blocks() as usize, 8 * per_slab);
     assert_eq!(pool.resident_slabs(), 8);

@@ -111,10 +111,10 @@ async fn main() {
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let messages = [mlxcel_frontend::text::template::TemplateMessage {
-        role: "user".into(),
-        content: "What is the capital of France?".into(),
-    }];
+    let messages = [mlxcel_frontend::text::template::TemplateMessage::new(
+        "user",
+        "What is the capital of France?",
+    )];
     let prompt = model
         .encode(&model.render_chat(&messages).unwrap(), false)
         .unwrap();
@@ -155,6 +155,9 @@ async fn main() {
                 sampling: Sampling::default(),
                 logprobs: false,
                 cache_salt: None,
+                grammar: None,
+                logit_bias: Vec::new(),
+                pins: Vec::new(),
             };
             conn.write_frame(&FrontendToDaemon::Generate(req))
                 .await

@@ -15,6 +15,9 @@ pub struct JsonBody<T>(pub T);
 
 /// A type a route takes as its body.
 pub trait RequestBody: DeserializeOwned {
+    /// The route's table of top-level fields ([`crate::fields`]): a field in none is refused.
+    const FIELDS: &'static [&'static [crate::fields::Field]];
+
     /// Reads more from the raw body after `T` itself was parsed (for shared parameter sets).
     fn complete(&mut self, _raw: &[u8]) -> Result<(), ApiError> {
         Ok(())
@@ -59,6 +62,8 @@ impl<T: RequestBody> FromRequest<AppState> for JsonBody<T> {
                 ))
             }
         })?;
+        let fields: serde_json::Map<String, serde_json::Value> = parse(&bytes)?;
+        crate::fields::check(T::FIELDS, &fields)?;
         let mut body: T = parse(&bytes)?;
         body.complete(&bytes)?;
         Ok(JsonBody(body))

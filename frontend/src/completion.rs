@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlxcel_ipc::proto::ErrorCode;
-use mlxcel_ipc::proto::daemon::{FinishReason, Generate};
+use mlxcel_ipc::proto::daemon::{FinishReason, Generate, Usage as DaemonUsage};
 
 use crate::daemon_link::{Event, Generation, Session};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::openai::response::{TokenLogprob, Usage};
+use crate::openai::response::TokenLogprob;
 use crate::queue::QueueSlot;
+use crate::recall::Recall;
 use crate::text::ModelText;
 use crate::text::detokenize::IncrementalDecoder;
 use crate::text::stop::StopMatcher;
@@ -25,11 +26,51 @@ pub enum Piece {
         text: String,
         /// The tokens behind this piece (when logprobs were asked for).
         logprobs: Vec<TokenLogprob>,
+        /// How many tokens it took.
+        tokens: u32,
     },
     Finished {
-        finish_reason: &'static str,
-        usage: Usage,
+        finish: Finish,
+        usage: Tally,
     },
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// The model ended its turn (or its grammar was complete).
+    Stop,
+    /// A stop string matched (not part of the text).
+    StopSequence(String),
+    /// The token limit.
+    Length,
+    Cancelled,
+}
+
+/// Token counts of a finished generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tally {
+    pub prompt: u32,
+    /// Prompt tokens read from the prefix cache.
+    pub cached: u32,
+    /// Prompt tokens the cache holds pinned after it (requests with breakpoints).
+    pub pinned: u32,
+    /// Tokens the client received.
+    pub completion: u32,
+    /// Of those, reasoning.
+    pub reasoning: u32,
+}
+
+impl Tally {
+    fn new(daemon: &DaemonUsage, completion: u32) -> Self {
+        Self {
+            prompt: daemon.prompt_tokens,
+            cached: daemon.cached_tokens,
+            pinned: daemon.pinned_tokens,
+            completion,
+            reasoning: 0,
+        }
+    }
 }
 
 /// A running generation, read piece by piece.
@@ -53,18 +94,23 @@ pub struct Completion {
     metrics: Arc<Metrics>,
     started: Instant,
     first_token: bool,
+    /// Where the finished answer is remembered (prompt, salt, every token generated).
+    recall: Option<(Arc<Recall>, Option<String>, Vec<u32>)>,
+    generated: Vec<u32>,
 }
 
 impl Completion {
     /// Sends `req` to the daemon, its blocks hashed with `cache_salt` (see
-    /// [`crate::tenants::cache_salt`]).
+    /// [`crate::tenants::cache_salt`]); the answer is remembered in `recall`.
     pub fn start(
         session: &Arc<Session>,
         req: &ValidRequest,
         cache_salt: Option<String>,
         slot: QueueSlot,
         metrics: Arc<Metrics>,
+        recall: Option<Arc<Recall>>,
     ) -> Result<Self, ApiError> {
+        let remembered = recall.map(|r| (r, cache_salt.clone(), req.prompt.clone()));
         let generation = session.generate(Generate {
             request_id: 0,
             prompt: req.prompt.clone(),
@@ -77,6 +123,9 @@ impl Completion {
             sampling: req.sampling.clone(),
             logprobs: req.logprobs,
             cache_salt,
+            grammar: req.grammar.clone(),
+            logit_bias: req.logit_bias.clone(),
+            pins: req.pins.clone(),
         })?;
         Ok(Self {
             generation,
@@ -93,6 +142,8 @@ impl Completion {
             metrics,
             started: Instant::now(),
             first_token: false,
+            recall: remembered,
+            generated: Vec::new(),
         })
     }
 
@@ -140,7 +191,7 @@ impl Completion {
                     // Every token the client gets has arrived (a stop string matched); only
                     // the daemon's usage report is lost: count the prompt ourselves.
                     self.ended = true;
-                    let usage = mlxcel_ipc::proto::daemon::Usage {
+                    let usage = DaemonUsage {
                         prompt_tokens: self.prompt_tokens,
                         ..Default::default()
                     };
@@ -157,7 +208,13 @@ impl Completion {
 
     fn token(&mut self, token: u32, logprob: Option<f32>) -> Option<Piece> {
         self.tokens += 1;
-        let text = self.decoder.push(&self.model.tokenizer, token);
+        self.generated.push(token);
+        let text = match self.model.kept_specials.get(&token) {
+            Some(literal) => self
+                .decoder
+                .push_literal(&self.model.tokenizer, token, literal),
+            None => self.decoder.push(&self.model.tokenizer, token),
+        };
         let released = self.stop.push(&text);
         if released.stopped {
             self.stopped = true;
@@ -173,11 +230,12 @@ impl Completion {
         (!released.text.is_empty() || !logprobs.is_empty()).then_some(Piece::Text {
             text: released.text,
             logprobs,
+            tokens: 1,
         })
     }
 
     /// The end: any held-back text, then `Finished` (queued behind it).
-    fn finish(&mut self, finish: FinishReason, usage: &mlxcel_ipc::proto::daemon::Usage) -> Piece {
+    fn finish(&mut self, finish: FinishReason, usage: &DaemonUsage) -> Piece {
         let mut tail = String::new();
         if !self.stopped {
             let flushed = self.decoder.flush(&self.model.tokenizer);
@@ -188,18 +246,18 @@ impl Completion {
                 tail.push_str(&self.stop.finish());
             }
         }
-        let finish_reason = match finish {
-            _ if self.stopped => "stop",
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Cancelled => "cancelled",
+        let finish = match (self.stop.matched(), finish) {
+            (Some(stop), _) if self.stopped => Finish::StopSequence(stop.to_string()),
+            (_, FinishReason::Stop) => Finish::Stop,
+            (_, FinishReason::Length) => Finish::Length,
+            (_, FinishReason::Cancelled) => Finish::Cancelled,
         };
-        let usage = Usage::new(usage, self.tokens);
+        let usage = Tally::new(usage, self.tokens);
         self.metrics.finished(&usage, self.started.elapsed());
-        let last = Piece::Finished {
-            finish_reason,
-            usage,
-        };
+        if let Some((recall, salt, prompt)) = self.recall.take() {
+            recall.remember(salt.as_deref(), &prompt, &self.generated);
+        }
+        let last = Piece::Finished { finish, usage };
         if tail.is_empty() {
             return last;
         }
@@ -207,6 +265,7 @@ impl Completion {
         Piece::Text {
             text: tail,
             logprobs: Vec::new(),
+            tokens: 0,
         }
     }
 }

@@ -40,6 +40,12 @@ pub struct Args {
     #[arg(long, env = "MLXCEL_ALLOWED_ORIGINS", value_name = "ORIGINS")]
     pub allowed_origins: Option<String>,
 
+    #[arg(long, env = "MLXCEL_REASONING_INLINE", default_value = "off", value_parser = mlxcel_config::parse_switch, value_name = "on|off")]
+    pub reasoning_inline: bool,
+
+    #[arg(long, env = "MLXCEL_STRIP_BILLING_HEADER", default_value = "on", value_parser = mlxcel_config::parse_switch, value_name = "on|off")]
+    pub strip_billing_header: bool,
+
     #[arg(long, env = "MLXCEL_MAX_QUEUE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_queue: u32,
 

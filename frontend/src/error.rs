@@ -44,6 +44,18 @@ pub enum ApiError {
     /// A browser request from a page whose origin is not allowed: see `--allowed-origins`.
     #[error("requests from the web page origin `{0}` are refused; allow it with --allowed-origins")]
     ForbiddenOrigin(String),
+    /// The prompt does not fit the model's context window (worded as Anthropic's clients
+    /// expect: Claude Code compacts its conversation when it reads it).
+    #[error(
+        "prompt is too long: {tokens} tokens > {} maximum (`{field}` must leave room in the \
+         model's context window of {limit} tokens for at least one generated token)",
+        limit.saturating_sub(1)
+    )]
+    ContextOverflow {
+        field: &'static str,
+        tokens: u64,
+        limit: u64,
+    },
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
     /// A named thing (e.g. a cache entry) does not exist.
@@ -82,7 +94,9 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidParam { .. } | ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidParam { .. }
+            | ApiError::InvalidJson(_)
+            | ApiError::ContextOverflow { .. } => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -103,6 +117,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::InvalidParam { .. } => "invalid_parameter",
+            ApiError::ContextOverflow { .. } => "context_length_exceeded",
             ApiError::InvalidJson(_) => "invalid_json",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::BodyTooLarge { .. } => "body_too_large",
@@ -120,7 +135,8 @@ impl ApiError {
         }
     }
 
-    fn kind(&self) -> &'static str {
+    /// The error's type in OpenAI's and Anthropic's bodies.
+    pub fn kind(&self) -> &'static str {
         match self.status() {
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::FORBIDDEN => "permission_error",
@@ -135,6 +151,7 @@ impl ApiError {
     pub fn body(&self) -> ErrorBody {
         let param = match self {
             ApiError::InvalidParam { param, .. } => param.clone(),
+            ApiError::ContextOverflow { field, .. } => Some(field.to_string()),
             ApiError::ModelNotFound(_) => Some("model".to_string()),
             _ => None,
         };

@@ -94,6 +94,11 @@ async fn run(args: Args) -> Result<(), String> {
         )),
         max_body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
         body_timeout: args.body_timeout,
+        text: mlxcel_frontend::state::TextOptions {
+            reasoning_inline: args.reasoning_inline,
+            strip_billing_header: args.strip_billing_header,
+        },
+        recall: Arc::default(),
     };
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, auth = state.keys.required(), "front end listening");

@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram as PromHistogram;
 use prometheus_client::registry::Registry;
 
-use crate::openai::response::Usage;
+use crate::completion::Tally;
 
 /// Latency bucket bounds in seconds (TTFT and request duration).
 const BUCKETS: [f64; 14] = [
@@ -46,6 +46,12 @@ struct Response {
     status: u16,
 }
 
+/// The labels of `mlxcel_prefix_misses_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Miss {
+    reason: &'static str,
+}
+
 /// Everything the front end counts itself.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -56,6 +62,8 @@ pub struct Metrics {
     cached_tokens: Counter,
     generations: Counter,
     generation_failures: Counter,
+    /// Prompts that miss the cache where an earlier answer should have hit, by why.
+    misses: Family<Miss, Counter>,
     /// Time to first token.
     pub ttft: Histogram,
     /// Time from sending a generation to its end.
@@ -71,14 +79,17 @@ impl Metrics {
         self.responses.get_or_create(&labels).inc();
     }
 
-    pub fn finished(&self, usage: &Usage, elapsed: Duration) {
+    pub fn finished(&self, usage: &Tally, elapsed: Duration) {
         self.generations.inc();
-        self.prompt_tokens.inc_by(u64::from(usage.prompt_tokens));
-        self.completion_tokens
-            .inc_by(u64::from(usage.completion_tokens));
-        self.cached_tokens
-            .inc_by(u64::from(usage.prompt_tokens_details.cached_tokens));
+        self.prompt_tokens.inc_by(u64::from(usage.prompt));
+        self.completion_tokens.inc_by(u64::from(usage.completion));
+        self.cached_tokens.inc_by(u64::from(usage.cached));
         self.duration.observe(elapsed);
+    }
+
+    /// Counts a prompt that cannot reuse an earlier answer's cached blocks, and why.
+    pub fn missed(&self, reason: &'static str) {
+        self.misses.get_or_create(&Miss { reason }).inc();
     }
 
     pub fn generation_failed(&self) {
@@ -92,6 +103,12 @@ impl Metrics {
             "mlxcel_http_responses",
             "HTTP responses by route and status",
             self.responses.clone(),
+        );
+        r.register(
+            "mlxcel_prefix_misses",
+            "Prompts that re-render an earlier answer of theirs differently from the tokens it \
+             was generated as, so the cache cannot reuse it (reason: rerendered_answer)",
+            self.misses.clone(),
         );
         let counters = [
             (

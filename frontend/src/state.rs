@@ -21,4 +21,17 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// How long a request body may take to arrive.
     pub body_timeout: std::time::Duration,
+    /// How answers and prompts are treated.
+    pub text: TextOptions,
+    /// The last answers, to tell why a next turn misses the cache.
+    pub recall: Arc<crate::recall::Recall>,
+}
+
+/// How answers and prompts are treated (settings of the front end).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TextOptions {
+    /// Keep reasoning in the answer's text.
+    pub reasoning_inline: bool,
+    /// Drop Claude Code's per-request billing line from system prompts.
+    pub strip_billing_header: bool,
 }

@@ -11,6 +11,7 @@ fn every_corpus_input_parses_or_is_refused_without_panicking() {
         let data = std::fs::read(entry.unwrap().path()).unwrap();
         mlxcel_frontend::fuzzing::request_bodies(&data);
         mlxcel_frontend::fuzzing::stop_strings(&data);
+        mlxcel_frontend::fuzzing::replies(&data);
         n += 1;
     }
     assert!(n >= 100, "only {n} inputs in {}", dir.display());

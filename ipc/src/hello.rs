@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::codec;
 
 /// The wire protocol version. Bump it on any incompatible change to a message in this crate.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Who is connecting, which decides the conversation that follows the handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

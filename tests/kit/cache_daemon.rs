@@ -155,6 +155,7 @@ impl TestDaemon {
             .call(|call| DaemonToCache::Donate {
                 call,
                 blocks: chain,
+                pins: Vec::new(),
             })
             .await
         {

@@ -156,6 +156,9 @@ pub fn greedy_generate(
         sampling: Sampling::default(),
         logprobs: false,
         cache_salt: None,
+        grammar: None,
+        logit_bias: Vec::new(),
+        pins: Vec::new(),
     })
 }
 
@@ -279,6 +282,14 @@ pub async fn health(
             None => panic!("the daemon closed before answering"),
         }
     }
+}
+
+/// Tokens per KV block of a daemon started without `--block-tokens` (the key table's default).
+pub fn block_tokens() -> u64 {
+    mlxcel_config::keys::find(mlxcel_config::Section::Daemon, "block-tokens")
+        .and_then(|k| k.default)
+        .and_then(|d| d.parse().ok())
+        .expect("the key table gives block-tokens a default")
 }
 
 /// The KV block size of the daemon on this machine's default device (f32 activations on the

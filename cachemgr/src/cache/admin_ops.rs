@@ -62,6 +62,10 @@ impl Cache {
                 .map_or(0, |d| d.geometry.pool_bytes().unwrap_or(0)),
             daemon_free_blocks: r.free_blocks,
             release_retries: c.release_retries,
+            pins: self.pins.len() as u64,
+            pinned_by_requests_bytes: self.pins.blocks() * bb,
+            pins_lapsed: c.pins_lapsed,
+            pins_expired: c.pins_expired,
         }
     }
 

@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 
 use mlxcel_ipc::proto::cache::{
-    CacheToDaemon, CallId, DonateOutcome, DonatedBlock, Epoch, LeaseId, RefuseReason, ReleaseId,
+    CacheToDaemon, CallId, DonateOutcome, DonatedBlock, Epoch, LeaseId, PinRequest, RefuseReason,
+    ReleaseId,
 };
 use mlxcel_ipc::proto::{ErrorCode, WireError};
 use mlxcel_ipc::{BlockHash, BlockId, Geometry};
@@ -68,6 +69,7 @@ impl Cache {
         self.counters.evicted.daemon_lost += lost;
         self.index.clear();
         self.leases.clear();
+        self.pins.clear();
         self.releases.clear();
         self.pending.clear();
         self.reserved = 0;
@@ -123,12 +125,13 @@ impl Cache {
         chain
     }
 
-    /// Offers a finished sequence's full blocks (chain order). The reply (`Donated`) goes to the
-    /// outbox now, or once releases have made room.
+    /// Offers a finished sequence's full blocks (chain order) and pins its first blocks as
+    /// `pins` ask. The reply (`Donated`) goes to the outbox now, or once releases have made room.
     pub fn donate(
         &mut self,
         call: CallId,
         blocks: Vec<DonatedBlock>,
+        pins: Vec<PinRequest>,
         now: Instant,
     ) -> Result<(), WireError> {
         let Some(daemon) = &self.daemon else {
@@ -202,11 +205,13 @@ impl Cache {
         self.index.touch_chain(&prefix, now);
         let mut new: Vec<DonatedBlock> = rest.to_vec();
         if new.is_empty() {
+            outcome.pinned = self.pin_prefixes(&prefix, &pins, now);
             self.outbox.push(CacheToDaemon::Donated { call, outcome });
             return Ok(());
         }
         if self.pending.is_empty() && self.fits_now(new.len() as u64) {
-            self.insert_chain(&prefix, &new, &mut outcome, now);
+            let chain = self.insert_chain(&prefix, &new, &mut outcome, now);
+            outcome.pinned = self.pin_prefixes(&chain, &pins, now);
             self.outbox.push(CacheToDaemon::Donated { call, outcome });
             return Ok(());
         }
@@ -226,6 +231,7 @@ impl Cache {
         self.flush_releases(now);
         if new.is_empty() {
             self.index.unpin_chain(&prefix, now);
+            outcome.pinned = self.pin_prefixes(&prefix, &pins, now);
             self.outbox.push(CacheToDaemon::Donated { call, outcome });
             return Ok(());
         }
@@ -235,6 +241,7 @@ impl Cache {
             call,
             prefix,
             new,
+            pins,
             outcome,
             deadline,
         });
@@ -265,14 +272,14 @@ impl Cache {
     }
 
     /// Adds `new` after `prefix`; a hash that another donation cached meanwhile counts as
-    /// already cached. Leaves the whole chain most recently used.
+    /// already cached. Leaves the whole chain most recently used, and returns it.
     fn insert_chain(
         &mut self,
         prefix: &[Slot],
         new: &[DonatedBlock],
         outcome: &mut DonateOutcome,
         now: Instant,
-    ) {
+    ) -> Vec<Slot> {
         let mut chain = prefix.to_vec();
         for b in new {
             let parent = chain.last().copied();
@@ -305,6 +312,7 @@ impl Cache {
             }
         }
         self.index.touch_chain(&chain, now);
+        chain
     }
 
     /// Admits waiting donations, oldest first, as far as acknowledged releases allow.
@@ -317,8 +325,9 @@ impl Cache {
                 break;
             };
             self.reserved -= p.new.len() as u64;
-            self.insert_chain(&p.prefix, &p.new, &mut p.outcome, now);
+            let chain = self.insert_chain(&p.prefix, &p.new, &mut p.outcome, now);
             self.index.unpin_chain(&p.prefix, now);
+            p.outcome.pinned = self.pin_prefixes(&chain, &p.pins, now);
             self.outbox.push(CacheToDaemon::Donated {
                 call: p.call,
                 outcome: p.outcome,
@@ -336,6 +345,7 @@ impl Cache {
             let blocks: Vec<BlockId> = p.new.iter().map(|b| b.block).collect();
             self.refuse(&mut p.outcome, blocks, RefuseReason::ReleaseTimeout);
             self.index.unpin_chain(&p.prefix, now);
+            p.outcome.pinned = self.pin_prefixes(&p.prefix, &p.pins, now);
             tracing::warn!(
                 call = p.call,
                 "donation refused: the daemon did not acknowledge releases in time"

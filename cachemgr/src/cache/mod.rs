@@ -12,22 +12,27 @@
 //! - [`daemon_ops`]: register, acquire/unlease, donate, reclaim, release acks, daemon loss.
 //! - [`admin_ops`]: stats, entries, evict, set capacity.
 //! - [`reconcile`]: inventory requests and drift.
+//! - [`pinning`]: prefixes pinned by requests for a while, within the pin share.
 //! - [`tick`]: timers (TTL, lease expiry, release retries, donation timeouts, reconcile).
 
 mod admin_ops;
 mod daemon_ops;
+mod pinning;
 mod reconcile;
 mod tick;
 
 use std::collections::VecDeque;
 
 use mlxcel_ipc::proto::admin::{EvictionCounts, RefusalCounts};
-use mlxcel_ipc::proto::cache::{CacheToDaemon, CallId, DonateOutcome, DonatedBlock, Epoch};
+use mlxcel_ipc::proto::cache::{
+    CacheToDaemon, CallId, DonateOutcome, DonatedBlock, Epoch, PinRequest,
+};
 use mlxcel_ipc::{BlockId, Geometry};
 use tokio::time::Instant;
 
 use crate::index::{BlockIndex, Slot};
 use crate::leases::Leases;
+use crate::pins::Pins;
 use crate::policy::Policy;
 use crate::releases::Releases;
 
@@ -62,6 +67,8 @@ struct PendingDonation {
     prefix: Vec<Slot>,
     /// The blocks to add once there is room.
     new: Vec<DonatedBlock>,
+    /// Prefixes of the chain to pin once added.
+    pins: Vec<PinRequest>,
     /// The outcome so far (already cached and refused blocks).
     outcome: DonateOutcome,
     deadline: Instant,
@@ -79,6 +86,8 @@ struct Counters {
     rejected: RefusalCounts,
     expired_leases: u64,
     release_retries: u64,
+    pins_lapsed: u64,
+    pins_expired: u64,
 }
 
 /// The cache manager's state.
@@ -88,6 +97,7 @@ pub struct Cache {
     daemon: Option<Daemon>,
     index: BlockIndex,
     leases: Leases,
+    pins: Pins,
     releases: Releases,
     pending: VecDeque<PendingDonation>,
     /// Blocks reserved by pending donations.
@@ -108,6 +118,7 @@ impl Cache {
             daemon: None,
             index: BlockIndex::default(),
             leases: Leases::default(),
+            pins: Pins::default(),
             releases: Releases::default(),
             pending: VecDeque::new(),
             reserved: 0,
@@ -257,6 +268,13 @@ impl Cache {
             && self.index.len() > m
         {
             return Err(format!("retained {} > max_blocks {m}", self.index.len()));
+        }
+        let share = (self.cap_blocks() as f64 * self.policy.pin_share.clamp(0.0, 1.0)) as u64;
+        if self.pins.blocks() > share {
+            return Err(format!(
+                "pins hold {} blocks, over their share of {share}",
+                self.pins.blocks()
+            ));
         }
         let reserved: u64 = self.pending.iter().map(|p| p.new.len() as u64).sum();
         if reserved != self.reserved {

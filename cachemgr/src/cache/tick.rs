@@ -25,6 +25,7 @@ impl Cache {
             tracing::warn!(blocks = lease.chain.len(), "lease expired; unpinning");
             self.index.unpin_chain(&lease.chain, now);
         }
+        self.expire_pins(now);
         for (release, blocks) in self
             .releases
             .due_for_retry(now, self.policy.release_timeout)

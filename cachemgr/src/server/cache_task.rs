@@ -194,8 +194,8 @@ impl Task {
                 });
             }
             DaemonToCache::Unlease { lease } => cache.unlease(lease, now),
-            DaemonToCache::Donate { call, blocks } => {
-                if let Err(error) = cache.donate(call, blocks, now) {
+            DaemonToCache::Donate { call, blocks, pins } => {
+                if let Err(error) = cache.donate(call, blocks, pins, now) {
                     self.to_daemon(CacheToDaemon::Error {
                         call: Some(call),
                         error,

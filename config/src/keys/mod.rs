@@ -67,6 +67,8 @@ pub enum Kind {
     Whole,
     /// A whole number ≥ 0 or `auto`.
     WholeOrAuto,
+    /// `on` or `off`.
+    Switch,
     /// Free text.
     Text,
     /// Free text never printed (`config show` says whether it is set).
@@ -86,6 +88,7 @@ impl Kind {
             Kind::Number => "a number such as 0.7",
             Kind::Whole => "a whole number (0 or more)",
             Kind::WholeOrAuto => "a whole number (0 or more), or \"auto\"",
+            Kind::Switch => "on or off",
             Kind::Text | Kind::Secret => "a string",
         }
     }

@@ -50,6 +50,15 @@ pub const KEYS: &[Key] = &[
     ),
     key(
         Cachemgr,
+        "pin-share",
+        "MLXCEL_CACHE_PIN_SHARE",
+        Some("0.5"),
+        Number,
+        "Share of the capacity that prefixes pinned by requests (Anthropic `cache_control`) may \
+         hold, 0 to 1; over it the oldest pin lapses first (its blocks stay cached, unpinned).",
+    ),
+    key(
+        Cachemgr,
         "lease-timeout",
         "MLXCEL_CACHE_LEASE_TIMEOUT",
         Some("30s"),
@@ -321,6 +330,25 @@ pub const KEYS: &[Key] = &[
         Text,
         "Web page origins (`https://ui.example.com`) whose browser requests are served besides \
          loopback ones, comma-separated (`*` = any). Others get 403, CORS preflights included.",
+    ),
+    key(
+        Frontend,
+        "reasoning-inline",
+        "MLXCEL_REASONING_INLINE",
+        Some("off"),
+        Switch,
+        "Keep a reasoning model's thinking (`<think>...</think>`) in the answer's text instead of \
+         reporting it apart (`reasoning_content`, Responses reasoning items, Anthropic thinking \
+         blocks).",
+    ),
+    key(
+        Frontend,
+        "strip-billing-header",
+        "MLXCEL_STRIP_BILLING_HEADER",
+        Some("on"),
+        Switch,
+        "Drop the `x-anthropic-billing-header:` line Claude Code puts in its system prompt (it \
+         changes on every request, so it would bust the prefix cache at its first tokens).",
     ),
     key(
         Frontend,

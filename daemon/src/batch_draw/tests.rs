@@ -27,6 +27,7 @@ fn shares(logits: &[f32], r: RowDraw, n: usize) -> Vec<f32> {
     let all: Vec<f32> = (0..n).flat_map(|_| logits.iter().copied()).collect();
     let drawn = draw(
         &Array::from_slice(&all, &[n as i32, v as i32]),
+        None,
         &rows,
         false,
     )
@@ -52,7 +53,7 @@ fn greedy_rows_take_the_argmax_with_its_log_probability() {
     let logits = [0.5f32, 3.0, -1.0, 2.9, 1.0, 3.0, 0.0, -2.0];
     let rows = [row(0.0, 0, 1.0, 0.0), row(0.0, 0, 1.0, 0.0)];
     let a = Array::from_slice(&logits, &[2, 4]);
-    let drawn = draw(&a, &rows, true).unwrap();
+    let drawn = draw(&a, None, &rows, true).unwrap();
     assert_eq!(drawn.tokens.as_slice::<u32>(), &[1, 1]);
     let lp = drawn.logprobs.unwrap();
     for (r, &t) in [0usize, 1].iter().zip(drawn.tokens.as_slice::<u32>()) {
@@ -140,10 +141,10 @@ fn a_mixed_batch_draws_each_row_as_it_would_alone() {
         .map(|i| ((i * 7919) % 113) as f32 / 17.0)
         .collect();
     let all = Array::from_slice(&logits, &[rows.len() as i32, v as i32]);
-    let together = draw(&all, &rows, true).unwrap();
+    let together = draw(&all, None, &rows, true).unwrap();
     for (i, r) in rows.iter().enumerate() {
         let one = Array::from_slice(&logits[i * v..(i + 1) * v], &[1, v as i32]);
-        let alone = draw(&one, &[*r], true).unwrap();
+        let alone = draw(&one, None, &[*r], true).unwrap();
         assert_eq!(
             together.tokens.as_slice::<u32>()[i],
             alone.tokens.as_slice::<u32>()[0],
@@ -169,4 +170,43 @@ fn rows_with_penalties_or_a_sort_on_the_cpu_stay_on_the_host() {
         ..plain
     };
     assert!(!RowDraw::fits(&penalised, true));
+}
+
+#[test]
+fn a_bias_row_masks_tokens_and_logprobs_stay_the_model_s() {
+    // Row 0 may only take tokens 2 and 3 (greedy: 3); row 1 is not biased (greedy: 1).
+    let logits = [0.5f32, 3.0, -1.0, 2.9, 1.0, 3.0, 0.0, -2.0];
+    let ninf = f32::NEG_INFINITY;
+    let bias = [ninf, ninf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    let a = Array::from_slice(&logits, &[2, 4]);
+    let b = Array::from_slice(&bias, &[2, 4]);
+    let rows = [row(0.0, 0, 1.0, 0.0), row(0.0, 0, 1.0, 0.0)];
+    let drawn = draw(&a, Some(&b), &rows, true).unwrap();
+    assert_eq!(drawn.tokens.as_slice::<u32>(), &[3, 1]);
+    let z: f32 = logits[..4].iter().map(|v| v.exp()).sum();
+    let lp = drawn.logprobs.unwrap();
+    assert!((lp.as_slice::<f32>()[0] - (2.9 - z.ln())).abs() < 1e-5);
+    // Sampled rows never draw a masked token.
+    let rows: Vec<RowDraw> = (0..64)
+        .map(|i| RowDraw {
+            uniform: i as f32 / 64.0,
+            ..row(1.0, 0, 1.0, 0.0)
+        })
+        .collect();
+    let all: Vec<f32> = (0..64).flat_map(|_| logits[..4].iter().copied()).collect();
+    let mask: Vec<f32> = (0..64).flat_map(|_| bias[..4].iter().copied()).collect();
+    let drawn = draw(
+        &Array::from_slice(&all, &[64, 4]),
+        Some(&Array::from_slice(&mask, &[64, 4])),
+        &rows,
+        false,
+    )
+    .unwrap();
+    assert!(
+        drawn
+            .tokens
+            .as_slice::<u32>()
+            .iter()
+            .all(|&t| t == 2 || t == 3)
+    );
 }

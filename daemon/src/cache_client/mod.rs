@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use mlxcel_ipc::proto::cache::{
     CacheToDaemon, CallId, DaemonToCache, DonateOutcome, DonatedBlock, Epoch, InventoryReport,
-    LeaseId,
+    LeaseId, PinRequest,
 };
 use mlxcel_ipc::{BlockHash, BlockId, Geometry, HashKey};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -142,7 +142,12 @@ impl CacheClient {
     /// Offers a finished sequence's blocks; the outcome arrives on the orders channel as
     /// [`ManagerOrder::Donated`] (or [`ManagerOrder::DonationLost`]) with `tag`. False when no
     /// manager is registered (nothing was sent).
-    pub fn donate_ordered(&self, tag: u64, blocks: Vec<DonatedBlock>) -> bool {
+    pub fn donate_ordered(
+        &self,
+        tag: u64,
+        blocks: Vec<DonatedBlock>,
+        pins: Vec<PinRequest>,
+    ) -> bool {
         if self.epoch().is_none() {
             return false;
         }
@@ -153,7 +158,7 @@ impl CacheClient {
             d.insert(call, (tag, Instant::now()));
         }
         self.outgoing
-            .send(DaemonToCache::Donate { call, blocks })
+            .send(DaemonToCache::Donate { call, blocks, pins })
             .is_ok()
     }
 
@@ -212,7 +217,11 @@ impl CacheClient {
     /// Offers a finished sequence's full blocks. None: no manager now (keep nothing for it).
     pub async fn donate(&self, blocks: Vec<DonatedBlock>) -> Option<DonateOutcome> {
         match self
-            .call(|call| DaemonToCache::Donate { call, blocks })
+            .call(|call| DaemonToCache::Donate {
+                call,
+                blocks,
+                pins: Vec::new(),
+            })
             .await?
         {
             CacheToDaemon::Donated { outcome, .. } => Some(outcome),

@@ -10,10 +10,11 @@
 
 use std::collections::HashMap;
 
-use mlxcel_ipc::proto::cache::{DonatedBlock, Epoch, InventoryReport, LeaseId};
-use mlxcel_ipc::proto::daemon::PoolStats;
+use mlxcel_ipc::proto::cache::{DonatedBlock, Epoch, InventoryReport, LeaseId, PinRequest};
+use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, PoolStats, RequestId, Usage};
 use mlxcel_ipc::{BlockHash, BlockId, HashSeed};
 
+use super::events::EventSink;
 use crate::cache_client::{CacheClient, ManagerOrder, Registration};
 use crate::pool::BlockPool;
 
@@ -40,6 +41,31 @@ struct Finishing {
     table: Vec<BlockId>,
     /// The full blocks offered, with their hashes.
     offered: Vec<DonatedBlock>,
+    /// The end to report once the outcome says what was pinned.
+    then: Option<PinnedEnd>,
+}
+
+/// A request's `Done`, held until its donation's pins are settled (its usage reports the
+/// prompt tokens the cache really pinned).
+pub struct PinnedEnd {
+    pub events: EventSink,
+    pub request_id: RequestId,
+    pub finish: FinishReason,
+    pub usage: Usage,
+    pub block_tokens: usize,
+}
+
+impl PinnedEnd {
+    /// Sends the `Done`, with `blocks` leading blocks pinned.
+    pub fn send(mut self, blocks: u32) {
+        let pinned = (blocks as usize * self.block_tokens).min(self.usage.prompt_tokens as usize);
+        self.usage.pinned_tokens = pinned as u32;
+        self.events.send(DaemonToFrontend::Done {
+            request_id: self.request_id,
+            finish: self.finish,
+            usage: self.usage,
+        });
+    }
 }
 
 /// The engine's link to the cache manager.
@@ -127,24 +153,36 @@ impl CacheLink {
 
     /// Offers a finished sequence's full blocks (`offered`, a prefix of `table`) to the cache,
     /// or frees `table` when there is no manager. The offer is queued before the caller reports
-    /// the end, so a request sent after it finds the prefix.
+    /// the end, so a request sent after it finds the prefix. With `pins`, the end (`then`) is
+    /// reported once the outcome says what was pinned; it comes back when nothing was sent.
     pub fn donate(
         &mut self,
         pool: &mut impl Refcounts,
         table: Vec<BlockId>,
         offered: Vec<DonatedBlock>,
-    ) {
+        pins: Vec<PinRequest>,
+        then: Option<PinnedEnd>,
+    ) -> Option<PinnedEnd> {
         self.next_tag += 1;
         let tag = self.next_tag;
         let sent = !offered.is_empty()
             && self
                 .client
                 .as_ref()
-                .is_some_and(|c| c.donate_ordered(tag, offered.clone()));
+                .is_some_and(|c| c.donate_ordered(tag, offered.clone(), pins));
         if sent {
-            self.finishing.insert(tag, Finishing { table, offered });
+            self.finishing.insert(
+                tag,
+                Finishing {
+                    table,
+                    offered,
+                    then,
+                },
+            );
+            None
         } else {
             table.into_iter().for_each(|b| pool.release(b));
+            then
         }
     }
 
@@ -204,10 +242,16 @@ impl CacheLink {
                     }
                 }
                 f.table.into_iter().for_each(|b| pool.release(b));
+                if let Some(end) = f.then {
+                    end.send(outcome.pinned.min(f.offered.len() as u32));
+                }
             }
             ManagerOrder::DonationLost { tag } => {
                 if let Some(f) = self.finishing.remove(&tag) {
                     f.table.into_iter().for_each(|b| pool.release(b));
+                    if let Some(end) = f.then {
+                        end.send(0);
+                    }
                 }
             }
             ManagerOrder::Disconnected => {
@@ -241,6 +285,9 @@ impl CacheLink {
     pub fn shutdown(&mut self, pool: &mut impl Refcounts) {
         for (_, f) in self.finishing.drain() {
             f.table.into_iter().for_each(|b| pool.release(b));
+            if let Some(end) = f.then {
+                end.send(0);
+            }
         }
         self.drop_held(pool);
     }

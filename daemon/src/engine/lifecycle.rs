@@ -4,11 +4,13 @@
 use std::time::Instant;
 
 use super::events::EventSink;
+use mlxcel_grammar::{Constraint, Grammar};
 use mlxcel_ipc::proto::ErrorCode;
 use mlxcel_ipc::proto::WireError;
-use mlxcel_ipc::proto::cache::DonatedBlock;
+use mlxcel_ipc::proto::cache::{DonatedBlock, PinRequest};
 use mlxcel_ipc::proto::daemon::{DaemonToFrontend, FinishReason, Generate, RequestId};
 
+use super::cache_link::PinnedEnd;
 use super::{Engine, Prefix};
 use crate::runner::{End, Ends};
 use crate::sampler::Sampler;
@@ -29,8 +31,17 @@ impl Engine {
             let vocab = self.loaded.model.config.vocab;
             req.prompt
                 .iter()
+                .chain(req.logit_bias.iter().map(|(t, _)| t))
                 .find(|&&t| t as usize >= vocab)
                 .map(|bad| format!("token id {bad} is outside the vocabulary"))
+        };
+        let constraint = match refusal {
+            Some(_) => Ok(None),
+            None => self.constraint(&req),
+        };
+        let (refusal, constraint) = match (refusal, constraint) {
+            (Some(r), _) | (None, Err(r)) => (Some(r), None),
+            (None, Ok(c)) => (None, c),
         };
         if let Some(message) = refusal {
             // A prefix that is still coming finds no request and is unleased then.
@@ -59,7 +70,30 @@ impl Engine {
             prefill_done_at: None,
             next_logits: None,
             input: None,
+            constraint,
+            pins: req.pins,
         });
+    }
+
+    /// The request's constraint (grammar, logit biases) with its first mask computed, if it
+    /// has one; a grammar that does not compile is the request's error.
+    fn constraint(&self, req: &Generate) -> Result<Option<Constraint>, String> {
+        if req.grammar.is_none() && req.logit_bias.is_empty() {
+            return Ok(None);
+        }
+        let grammars = self
+            .grammars
+            .as_ref()
+            .map_err(|e| format!("constrained decoding is unavailable for this model: {e}"))?;
+        let grammar = req.grammar.clone().map(Grammar::from_wire);
+        let mut c = grammars
+            .constraint(grammar.as_ref(), req.logit_bias.clone())
+            .map_err(|e| format!("the grammar was refused: {e}"))?;
+        let ctx = self.loaded.model.config.context_length;
+        let limit = (req.max_tokens as usize).min(ctx.saturating_sub(req.prompt.len()));
+        c.prepare(limit)
+            .map_err(|e| format!("the grammar was refused: {e}"))?;
+        Ok(Some(c))
     }
 
     /// Maps a request's leased prefix (only blocks the cache really holds for it, and only
@@ -102,13 +136,39 @@ impl Engine {
             .zip(&s.kv.blocks)
             .map(|(&hash, &block)| DonatedBlock { hash, block })
             .collect();
-        let seq = std::mem::take(&mut s.kv);
-        self.cache.donate(&mut self.pool, seq.blocks, offered);
-        s.events.send(DaemonToFrontend::Done {
+        let bt = self.config.block_tokens;
+        let pins: Vec<PinRequest> = s
+            .pins
+            .iter()
+            .map(|p| PinRequest {
+                blocks: (p.tokens as usize / bt).min(offered.len()) as u32,
+                ttl_secs: p.ttl_secs,
+            })
+            .filter(|p| p.blocks > 0)
+            .collect();
+        let end = PinnedEnd {
+            events: s.events.clone(),
             request_id: s.id,
             finish: reason,
             usage,
-        });
+            block_tokens: bt,
+        };
+        // With pins, `Done` waits for the outcome to report what the cache pinned.
+        let deferred = !pins.is_empty();
+        let seq = std::mem::take(&mut s.kv);
+        let then = deferred.then_some(end);
+        match self
+            .cache
+            .donate(&mut self.pool, seq.blocks, offered, pins, then)
+        {
+            Some(end) => end.send(0),
+            None if !deferred => s.events.send(DaemonToFrontend::Done {
+                request_id: s.id,
+                finish: reason,
+                usage,
+            }),
+            None => {}
+        }
     }
 
     pub(super) fn cancel(&mut self, matches: impl Fn(&Sequence) -> bool) {

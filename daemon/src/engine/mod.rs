@@ -183,6 +183,8 @@ struct Engine {
     vitals: Vitals,
     /// MLX's active memory right after the model loaded.
     weights_bytes: u64,
+    /// Constrained decoding over the model's tokenizer (or why it is unavailable).
+    grammars: std::result::Result<mlxcel_grammar::Grammars, String>,
 }
 
 impl Engine {

@@ -125,7 +125,14 @@ impl Engine {
             pool: PoolStats::default(),
             sampling_defaults: defaults.values,
         };
+        progress.report("building the grammar engine");
+        let grammars = mlxcel_grammar::Grammars::new(&info.tokenizer_json, &info.stop_ids, c.vocab)
+            .map_err(|e| {
+                tracing::warn!("constrained decoding is unavailable: {e}");
+                e.to_string()
+            });
         let engine = Engine {
+            grammars,
             loaded,
             pool,
             config: config.clone(),

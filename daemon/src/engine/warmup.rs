@@ -342,11 +342,15 @@ fn warm_draws(logits: &mlx_rs::Array, rows: usize) -> Result<mlx_rs::Array> {
         min_p: 0.05,
         uniform: 0.5,
     };
-    let drawn = |row: RowDraw| -> Result<mlx_rs::Array> {
-        let drawn = draw(logits, &vec![row; rows], true)?;
+    // A constrained row's draw adds its bias row (a grammar's mask, logit biases).
+    let bias = mlx_rs::ops::zeros_like(logits)?;
+    let drawn = |row: RowDraw, bias: Option<&mlx_rs::Array>| -> Result<mlx_rs::Array> {
+        let drawn = draw(logits, bias, &vec![row; rows], true)?;
         mlx_rs::transforms::eval(drawn.logprobs.iter().chain([&drawn.tokens]))?;
         Ok(drawn.tokens)
     };
-    drawn(greedy)?;
-    drawn(sampled)
+    drawn(greedy, None)?;
+    drawn(greedy, Some(&bias))?;
+    drawn(sampled, Some(&bias))?;
+    drawn(sampled, None)
 }

@@ -66,7 +66,7 @@ impl ModelConfig {
                 return bad(format!("model {name} is 0"));
             }
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} heads are not a multiple of {} kv heads",
                 self.heads, self.kv_heads

@@ -239,7 +239,7 @@ mod tests {
         b.extend(4u64.to_le_bytes());
         b.extend(0u32.to_le_bytes());
         b.extend(0u64.to_le_bytes());
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
         b.extend([0u8; 16]);

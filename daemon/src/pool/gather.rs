@@ -202,7 +202,7 @@ impl BlockPool {
         let chunk = s.head_chunk_elems() as i32;
         let bytes = chunk as usize * dtype_bytes(s.dtype);
         // Chunks are whole rows of head_dim elements; read as words where they divide evenly.
-        let word = (bytes % 8 == 0).then_some(Dtype::Uint64);
+        let word = bytes.is_multiple_of(8).then_some(Dtype::Uint64);
         let mut pieces = Vec::with_capacity(plan.parts.len());
         for (slab, ids) in &plan.parts {
             let Some(slab) = self.slabs[*slab].as_ref() else {

@@ -5,6 +5,10 @@
 //! A row whose token turns out to end it (a stop token) was computed once for nothing: its
 //! stored length is set back. Rows the device does not draw (penalties; top-k/top-p on a CPU)
 //! keep their logits and are sampled on the host before the next step ([`Runner::settle`]).
+//!
+//! A row that follows a grammar needs the token before to know which tokens its draw may
+//! take: such a step queues its forward pass first, reads the last step's tokens and computes
+//! the masks while the pass runs, and then queues the draw with the masks as bias rows.
 
 use std::time::Instant;
 
@@ -45,50 +49,83 @@ impl Runner {
         }
         self.draws += 1;
         let mut seqs: Vec<&mut Sequence> = rows.into_iter().map(|(_, s)| s).collect();
-        let result = queue_step(model, &mut seqs, &inputs, pool, self.draws);
+        // A grammar's mask for this step's token needs the last step's token: such a step is
+        // queued first, then those tokens are read and the masks computed while it runs, and
+        // only then is the draw queued.
+        let wait_for_masks = seqs.iter().any(|s| s.follows_grammar());
+        let step = queue_forward(model, &mut seqs, &inputs, pool).and_then(|logits| {
+            if wait_for_masks {
+                mlx_rs::transforms::async_eval([&logits])?;
+            } else {
+                queue_draw(&mut seqs, &logits, model, self.draws)?;
+            }
+            Ok(logits)
+        });
         let t = self.clock.lap(Phase::Model, t);
         self.clock.decoded(seqs.len());
-        if let Err(e) = result {
-            tracing::error!(error = %e, "batched decode step failed");
-            for s in seqs {
-                let e = EngineError::Internal(format!("the decode step failed: {e}"));
-                ends.push((s.key(), End::Failed(e)));
+        let logits = match step {
+            Ok(logits) => logits,
+            Err(e) => {
+                tracing::error!(error = %e, "batched decode step failed");
+                for s in seqs {
+                    let e = EngineError::Internal(format!("the decode step failed: {e}"));
+                    ends.push((s.key(), End::Failed(e)));
+                }
+                return ends;
             }
-            return ends;
-        }
+        };
         // Step n is queued: read and send what step n-1 drew.
-        for (s, input) in seqs.into_iter().zip(inputs) {
+        let mut finished = Vec::new();
+        for (r, (s, input)) in seqs.iter_mut().zip(inputs).enumerate() {
             let Input::Device(p) = input else { continue };
             match s.accept_drawn(p) {
                 Ok(Sampled::Next(_)) => {}
                 Ok(Sampled::Finished(reason)) => {
-                    s.undo_last_step();
+                    finished.push(r);
                     ends.push((s.key(), End::Finished(reason)));
                 }
-                Err(e) => ends.push((s.key(), End::Failed(e))),
+                Err(e) => {
+                    finished.push(r);
+                    ends.push((s.key(), End::Failed(e)));
+                }
             }
         }
-        self.clock.lap(Phase::Sampling, t);
+        let t = self.clock.lap(Phase::Sampling, t);
+        if wait_for_masks && let Err(e) = queue_draw(&mut seqs, &logits, model, self.draws) {
+            tracing::error!(error = %e, "a constrained draw failed");
+            for (r, s) in seqs.iter().enumerate() {
+                if !finished.contains(&r) {
+                    let e = EngineError::Internal(format!("the draw failed: {e}"));
+                    ends.push((s.key(), End::Failed(e)));
+                }
+            }
+        }
+        // What the step stored and drew for a row that had already ended is void.
+        for r in finished {
+            seqs[r].undo_last_step();
+        }
+        self.clock.lap(Phase::Model, t);
         ends
     }
 }
 
-/// Queues one decode step over `seqs` (row `r`'s input token `inputs[r]`) and leaves each
-/// row's next token drawn on the device or its logits for the host.
-fn queue_step(
+/// Queues one decode step's forward pass over `seqs` (row `r`'s input token `inputs[r]`).
+fn queue_forward(
     model: &Model,
     seqs: &mut [&mut Sequence],
     inputs: &[Input],
     pool: &mut BlockPool,
-    draw: u64,
-) -> Result<()> {
+) -> Result<Array> {
     let ids = step_ids(inputs)?;
-    let logits = {
-        let kv: Vec<&mut BlockTable> = seqs.iter_mut().map(|s| &mut s.kv).collect();
-        let mut batch_kv = PagedBatch::new(kv, pool);
-        model.forward_step(&ids, &mut batch_kv)?
-    };
-    let queued = super::draws::draw_next(seqs, &logits, model.placement.gpu, draw)?;
+    let kv: Vec<&mut BlockTable> = seqs.iter_mut().map(|s| &mut s.kv).collect();
+    let mut batch_kv = PagedBatch::new(kv, pool);
+    model.forward_step(&ids, &mut batch_kv)
+}
+
+/// Queues the draw of each row's next token from `logits` on the device, or leaves the row's
+/// logits for the host.
+fn queue_draw(seqs: &mut [&mut Sequence], logits: &Array, model: &Model, draw: u64) -> Result<()> {
+    let queued = super::draws::draw_next(seqs, logits, model.placement.gpu, draw)?;
     mlx_rs::transforms::async_eval(&queued)?;
     Ok(())
 }

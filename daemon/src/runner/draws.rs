@@ -1,6 +1,8 @@
 //! A pass's next tokens, drawn where they can be: each row whose sampler the device can follow
 //! ([`RowDraw::fits`]) gets its token drawn on the device ([`crate::batch_draw`]), left lazy as
-//! the sequence's next input ([`Input::Device`]); the others keep their row of the logits for the host sampler.
+//! the sequence's next input ([`Input::Device`]); the others keep their row of the logits for
+//! the host sampler. A row with a constraint (a grammar's mask, logit biases) adds its bias row
+//! to the logits it is drawn from.
 
 use mlx_rs::Array;
 
@@ -41,7 +43,8 @@ pub(super) fn draw_next(
             .iter()
             .zip(&on_device)
             .any(|(s, &d)| d && s.sampler.logprobs());
-        let drawn = batch_draw::draw(logits, &rows, logprobs)?;
+        let bias = bias_rows(seqs, &on_device, logits)?;
+        let drawn = batch_draw::draw(logits, bias.as_ref(), &rows, logprobs)?;
         queued.push(drawn.tokens.clone());
         queued.extend(drawn.logprobs.clone());
         for (row, s) in seqs.iter_mut().enumerate().filter(|(r, _)| on_device[*r]) {
@@ -59,4 +62,28 @@ pub(super) fn draw_next(
         }
     }
     Ok(queued)
+}
+
+/// The `[rows, vocab]` biases of the rows drawn on the device, when one has a constraint: its
+/// mask (0 or `-inf`) and logit biases; 0 for every other row.
+fn bias_rows(seqs: &[&mut Sequence], on_device: &[bool], logits: &Array) -> Result<Option<Array>> {
+    let constrained = seqs
+        .iter()
+        .zip(on_device)
+        .any(|(s, &d)| d && s.constraint.is_some());
+    if !constrained {
+        return Ok(None);
+    }
+    let width = logits.shape().last().copied().unwrap_or(0).max(0) as usize;
+    let mut values: Vec<f32> = Vec::with_capacity(seqs.len() * width);
+    for (s, &d) in seqs.iter().zip(on_device) {
+        match (&s.constraint, d) {
+            (Some(c), true) => c.bias_row(width, &mut values),
+            _ => values.resize(values.len() + width, 0.0),
+        }
+    }
+    Ok(Some(Array::from_slice(
+        &values,
+        &[seqs.len() as i32, width as i32],
+    )))
 }

@@ -63,9 +63,14 @@ impl StepClock {
         self.totals.prefill_chunks += chunks as u64;
     }
 
-    /// Everything since the engine started.
+    /// Everything since the engine started (with the grammar masks computed).
     pub fn totals(&self) -> StepTotals {
-        self.totals
+        let (masks, took) = mlxcel_grammar::mask_totals();
+        StepTotals {
+            masks,
+            mask_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            ..self.totals
+        }
     }
 
     /// Logs the busy period that just ended, if it did any work, and starts over.

@@ -116,6 +116,13 @@ impl Referee {
             ));
             usage.cached_tokens = 0;
         }
+        if claimed.pinned_tokens > usage.prompt_tokens {
+            self.lie(format_args!(
+                "request {id}: {} pinned tokens claimed of a {}-token prompt",
+                claimed.pinned_tokens, usage.prompt_tokens
+            ));
+            usage.pinned_tokens = 0;
+        }
         usage
     }
 }

@@ -1,7 +1,12 @@
-//! Request bodies as OpenAI clients send them. Fields we do not use are ignored; fields whose
-//! values we cannot honour are refused in [`crate::validate`], not here.
+//! Request bodies as OpenAI clients send them. Which top-level fields are honoured, ignored or
+//! refused is [`crate::fields`]' table; values that cannot be honoured are refused where the
+//! request is converted ([`crate::validate`], [`super::chat`]). Nested objects tolerate fields
+//! they do not know (SDKs echo a response's extras back in the next request).
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::body::{RequestBody, parse};
 use crate::error::ApiError;
@@ -20,6 +25,48 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
     pub max_completion_tokens: Option<u64>,
+    pub tools: Option<Vec<ChatTool>>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub response_format: Option<ResponseFormat>,
+    /// Token id (as a string) → bias added to its logit, -100 to 100.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// `none`/`minimal` turn a reasoning model's thinking off, others on.
+    pub reasoning_effort: Option<String>,
+    /// Variables for the chat template (vLLM's extension), e.g. `{"enable_thinking": false}`.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+}
+
+/// A tool in chat completions: `{"type": "function", "function": {...}}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatTool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: Option<FunctionDef>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionDef {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub schema: Option<Value>,
+    pub strict: Option<bool>,
 }
 
 /// `POST /v1/completions`.
@@ -37,9 +84,13 @@ pub struct CompletionRequest {
     pub echo: bool,
     pub suffix: Option<String>,
     pub best_of: Option<u32>,
+    /// Token id (as a string) → bias added to its logit, -100 to 100.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
 }
 
 impl RequestBody for ChatRequest {
+    const FIELDS: &'static [&'static [crate::fields::Field]] = crate::fields::CHAT;
+
     fn complete(&mut self, raw: &[u8]) -> Result<(), ApiError> {
         self.common = parse(raw)?;
         Ok(())
@@ -47,6 +98,8 @@ impl RequestBody for ChatRequest {
 }
 
 impl RequestBody for CompletionRequest {
+    const FIELDS: &'static [&'static [crate::fields::Field]] = crate::fields::COMPLETIONS;
+
     fn complete(&mut self, raw: &[u8]) -> Result<(), ApiError> {
         self.common = parse(raw)?;
         Ok(())
@@ -109,6 +162,29 @@ pub struct Message {
     #[serde(default)]
     pub content: Option<Content>,
     pub name: Option<String>,
+    /// An assistant's calls.
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A tool result: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// An assistant's reasoning (`reasoning` is accepted as an alias).
+    pub reasoning_content: Option<String>,
+    pub reasoning: Option<String>,
+}
+
+/// An assistant's earlier call.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MessageToolCall {
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub function: CalledFunction,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CalledFunction {
+    pub name: String,
+    /// JSON text (an object given as an object is accepted too).
+    pub arguments: Value,
 }
 
 /// Message content: a string or a list of typed parts (only `text` parts are supported).

@@ -2,8 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use mlxcel_ipc::proto::daemon::Usage as DaemonUsage;
 use serde::Serialize;
+
+use crate::chat::ToolCall;
+use crate::completion::Tally;
 
 /// `usage`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -12,6 +14,7 @@ pub struct Usage {
     pub completion_tokens: u32,
     pub total_tokens: u32,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -20,18 +23,74 @@ pub struct PromptTokensDetails {
     pub cached_tokens: u32,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Completion tokens generated while the model reasoned.
+    pub reasoning_tokens: u32,
+}
+
 impl Usage {
     /// `completion_tokens` counts the tokens the client got (a stop string ends them early).
-    pub fn new(daemon: &DaemonUsage, completion_tokens: u32) -> Self {
+    pub fn new(t: &Tally) -> Self {
         Self {
-            prompt_tokens: daemon.prompt_tokens,
-            completion_tokens,
-            total_tokens: daemon.prompt_tokens.saturating_add(completion_tokens),
+            prompt_tokens: t.prompt,
+            completion_tokens: t.completion,
+            total_tokens: t.prompt.saturating_add(t.completion),
             prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: daemon.cached_tokens,
+                cached_tokens: t.cached,
+            },
+            completion_tokens_details: CompletionTokensDetails {
+                reasoning_tokens: t.reasoning,
             },
         }
     }
+}
+
+/// A tool call in a response: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResponseToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+impl From<&ToolCall> for ResponseToolCall {
+    fn from(c: &ToolCall) -> Self {
+        Self {
+            id: c.id.clone(),
+            kind: "function",
+            function: FunctionCall {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
+        }
+    }
+}
+
+/// One tool call's piece of a stream: the first carries its id, type and name (with empty
+/// arguments); the next its arguments. Strings are never repeated (clients concatenate them).
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 /// The log-probability of one generated token.
@@ -116,11 +175,19 @@ impl CompletionLogprobs {
     }
 }
 
-/// A chat message in a response.
+/// A chat message in a response. Reasoning is reported under both names clients read
+/// (`reasoning_content`, and vLLM's newer `reasoning`).
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// Null when the answer is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ResponseToolCall>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -149,6 +216,12 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

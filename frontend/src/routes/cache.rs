@@ -112,7 +112,29 @@ impl EvictBody {
     }
 }
 
-impl RequestBody for EvictBody {}
+/// `POST /v1/cache/evict`'s fields.
+const EVICT_FIELDS: &[crate::fields::Field] = &[
+    crate::fields::Field {
+        name: "entry",
+        treatment: crate::fields::Treatment::Honoured,
+    },
+    crate::fields::Field {
+        name: "older_than",
+        treatment: crate::fields::Treatment::Honoured,
+    },
+    crate::fields::Field {
+        name: "to_bytes",
+        treatment: crate::fields::Treatment::Honoured,
+    },
+    crate::fields::Field {
+        name: "all",
+        treatment: crate::fields::Treatment::Honoured,
+    },
+];
+
+impl RequestBody for EvictBody {
+    const FIELDS: &'static [&'static [crate::fields::Field]] = &[EVICT_FIELDS];
+}
 
 pub async fn evict(
     State(app): State<AppState>,

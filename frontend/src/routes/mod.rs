@@ -1,10 +1,14 @@
-//! The router: routes, the host/origin gate, the bearer-token check, request ids, response
-//! counting, and
-//! OpenAI-shaped answers for unknown routes and wrong methods.
+//! The router: routes, the host/origin gate, the API-key check (`Authorization: Bearer`, or
+//! Anthropic's `x-api-key`), request ids, response counting, and OpenAI-shaped answers for
+//! unknown routes and wrong methods. One file per group of routes: [`generate`] (chat and
+//! completions, and what every generating route shares), [`responses`], [`messages`]
+//! (Anthropic's, with errors in Anthropic's shape), `cache`, `ops`.
 
 mod cache;
-mod generate;
+pub mod generate;
+mod messages;
 mod ops;
+mod responses;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -35,9 +39,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/cache/entries", get(cache::entries))
         .route("/v1/cache/evict", post(cache::evict))
         .route_layer(middleware::from_fn(require_admin));
+    let anthropic = Router::new()
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .route_layer(middleware::from_fn(crate::anthropic::errors::reshape));
     let guarded = Router::new()
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completions))
+        .route("/v1/responses", post(responses::create))
         .route("/v1/models", get(ops::models))
         .route("/metrics", get(ops::metrics))
         .route("/v1/cache/stats", get(cache::stats))
@@ -45,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(guarded)
+        .merge(anthropic)
         .route("/health", get(ops::health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -100,11 +111,13 @@ fn refusal(gate: &crate::gate::Gate, headers: &axum::http::HeaderMap) -> Option<
 /// Refuses requests without one of the configured bearer tokens, and tells the handlers who
 /// sent the others ([`Caller`]: the tenant, whether admin).
 async fn require_key(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+    // Anthropic's clients send `x-api-key` (SDKs before 2.0, Claude Code's ANTHROPIC_API_KEY).
     let sent = req
         .headers()
-        .get(header::AUTHORIZATION)
+        .get("x-api-key")
+        .or_else(|| req.headers().get(header::AUTHORIZATION))
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v));
     let Some(caller) = app.keys.identify(sent) else {
         return ApiError::Unauthorized.into_response();
     };

@@ -247,10 +247,21 @@ fn write_daemon(out: &mut Exposition, health: Option<DaemonHealth>) {
             "Sequences summed over the decode steps (rows / steps = mean batch).",
             st.decode_rows,
         ),
+        (
+            "mlxcel_grammar_masks_total",
+            "Next-token masks computed for constrained requests (a grammar or JSON schema).",
+            st.masks,
+        ),
     ];
     for (name, help, value) in counts {
         out.counter(name, help, value);
     }
+    out.labelled_seconds(
+        "mlxcel_grammar_mask_seconds_total",
+        "Time computing next-token masks for constrained requests (beside the forward pass).",
+        "phase",
+        &[("mask", seconds(st.mask_us))],
+    );
     out.counter(
         "mlxcel_preemptions_total",
         "Sequences preempted because the pool was full.",

@@ -39,6 +39,17 @@ impl IncrementalDecoder {
         delta
     }
 
+    /// Adds a special token the caller keeps as `literal` (decoding drops special tokens):
+    /// the text held back before it, then the literal.
+    pub fn push_literal(&mut self, tokenizer: &Tokenizer, token: u32, literal: &str) -> String {
+        let mut text = self.flush(tokenizer);
+        self.tokens.push(token);
+        self.prefix_offset = self.tokens.len();
+        self.read_offset = self.tokens.len();
+        text.push_str(literal);
+        text
+    }
+
     /// The text still held back (an incomplete character at the very end), lossily decoded.
     pub fn flush(&mut self, tokenizer: &Tokenizer) -> String {
         if self.read_offset == self.tokens.len() {

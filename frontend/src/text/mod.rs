@@ -6,11 +6,14 @@ pub mod detokenize;
 pub mod stop;
 pub mod template;
 
+use std::collections::HashMap;
 use std::str::FromStr;
 
+use mlxcel_grammar::Grammars;
 use mlxcel_ipc::proto::daemon::{ModelInfo, SamplingDefaults};
 use tokenizers::Tokenizer;
 
+use crate::chat::tool_formats::ToolFormat;
 use template::{ChatTemplate, TemplateMessage};
 
 /// The loaded model as the front end sees it.
@@ -23,6 +26,36 @@ pub struct ModelText {
     pub stop_ids: Vec<u32>,
     /// Sampling for parameters a request omits (the model's own, as the daemon resolved them).
     pub sampling_defaults: SamplingDefaults,
+    /// What the chat template can do with tools and reasoning.
+    pub abilities: TemplateAbilities,
+    /// Special tokens kept in the answer's text (markers the reply parser reads, e.g.
+    /// `[TOOL_CALLS]`): decoding drops every other special token.
+    pub kept_specials: HashMap<u32, String>,
+    /// Constrained decoding over this tokenizer (or why it is unavailable), to check grammars.
+    pub grammars: Result<Grammars, String>,
+    /// Logits per position (the model's vocabulary, at least the tokenizer's).
+    pub vocab_size: u32,
+}
+
+/// What a chat template does with tools and reasoning, read from its source.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TemplateAbilities {
+    /// It renders `tools` (and earlier calls and results), in this format.
+    pub tool_format: Option<&'static ToolFormat>,
+    /// It thinks in `<think>…</think>` (Qwen3 and others).
+    pub thinks: bool,
+}
+
+impl TemplateAbilities {
+    pub fn of(source: &str) -> Self {
+        let renders_tools = source.contains("tools");
+        Self {
+            tool_format: renders_tools
+                .then(|| ToolFormat::of_template(source))
+                .flatten(),
+            thinks: source.contains("<think>"),
+        }
+    }
 }
 
 impl ModelText {
@@ -46,6 +79,21 @@ impl ModelText {
         let mut stop_ids = info.stop_ids.clone();
         stop_ids.sort_unstable();
         stop_ids.dedup();
+        let abilities = info
+            .chat_template
+            .as_deref()
+            .map(TemplateAbilities::of)
+            .unwrap_or_default();
+        let grammars = Grammars::new(
+            &info.tokenizer_json,
+            &info.stop_ids,
+            info.vocab_size as usize,
+        )
+        .map_err(|e| {
+            tracing::warn!("constrained decoding is unavailable: {e}");
+            e.to_string()
+        });
+        let kept_specials = kept_specials(&tokenizer, &abilities);
         Ok(Self {
             model_id: info.model_id.clone(),
             context_length: info.context_length,
@@ -53,7 +101,25 @@ impl ModelText {
             stop_ids,
             tokenizer,
             sampling_defaults: info.sampling_defaults,
+            abilities,
+            kept_specials,
+            grammars,
+            vocab_size: info.vocab_size,
         })
+    }
+
+    /// The id of the special token written `text`, if there is one.
+    pub fn special_token(&self, text: &str) -> Option<u32> {
+        special_id(&self.tokenizer, text)
+    }
+
+    /// `text` as a Lark literal: a special token by its id (text never matches one), else
+    /// the quoted text.
+    pub fn lark_literal(&self, text: &str) -> String {
+        match self.special_token(text) {
+            Some(id) => format!("<[{id}]>"),
+            None => crate::chat::grammar::lark_string(text),
+        }
     }
 
     /// Renders a conversation with the chat template, ready for the assistant's reply.
@@ -65,6 +131,16 @@ impl ModelText {
                 self.model_id
             )),
         }
+    }
+
+    /// Token ids of `text` and the byte offset where each ends.
+    pub fn encode_with_ends(&self, text: &str) -> Result<(Vec<u32>, Vec<usize>), String> {
+        let e = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| format!("tokenization failed: {e}"))?;
+        let ends = e.get_offsets().iter().map(|&(_, end)| end).collect();
+        Ok((e.get_ids().to_vec(), ends))
     }
 
     /// Token ids of `text`. A rendered chat prompt already holds its special tokens
@@ -80,4 +156,27 @@ impl ModelText {
     pub fn token_text(&self, id: u32) -> String {
         detokenize::decode(&self.tokenizer, &[id])
     }
+}
+
+/// The id of the special token written `text`.
+fn special_id(tokenizer: &Tokenizer, text: &str) -> Option<u32> {
+    tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .find(|(_, t)| t.special && t.content == text)
+        .map(|(id, _)| id)
+}
+
+/// The special tokens among the reply parser's markers.
+fn kept_specials(tokenizer: &Tokenizer, abilities: &TemplateAbilities) -> HashMap<u32, String> {
+    let mut markers = vec!["<think>", "</think>"];
+    if let Some(f) = abilities.tool_format {
+        markers.push(f.open);
+        markers.extend(f.close);
+    }
+    markers.push("[ARGS]");
+    markers
+        .into_iter()
+        .filter_map(|m| special_id(tokenizer, m).map(|id| (id, m.to_string())))
+        .collect()
 }

@@ -9,6 +9,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     /// Text received but not yet released.
     held: String,
+    /// The stop string that matched.
+    matched: Option<String>,
 }
 
 /// What may be released after a piece of text.
@@ -24,18 +26,20 @@ impl StopMatcher {
         Self {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            matched: None,
         }
     }
 
     /// Adds `piece`; returns the text that can no longer be part of a stop string.
     pub fn push(&mut self, piece: &str) -> Released {
         self.held.push_str(piece);
-        if let Some(at) = self
+        if let Some((at, stop)) = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|(at, _)| *at)
         {
+            self.matched = Some(stop.clone());
             let text = self.held[..at].to_string();
             self.held.clear();
             return Released {
@@ -51,6 +55,11 @@ impl StopMatcher {
             text,
             stopped: false,
         }
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// At the end of generation: everything still held back.

@@ -2,14 +2,65 @@
 //! Hugging Face's `apply_chat_template` (trim/lstrip blocks, Python string methods,
 //! `raise_exception`, `tojson` without HTML escaping, `strftime_now`).
 
-use minijinja::{Environment, Error, ErrorKind, Value, context};
+use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::Serialize;
 
-/// A message as templates see it: `role` and plain-text `content`.
+/// A message as templates see it, as Hugging Face's `apply_chat_template` passes OpenAI-style
+/// messages: `role` and text `content`, and where present an assistant's `tool_calls`
+/// (arguments as an object), a tool result's `tool_call_id` and `name`, and an assistant's
+/// `reasoning_content`. Absent keys are undefined in the template, as in Python.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TemplateMessage {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<TemplateToolCall>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+impl TemplateMessage {
+    /// A plain message.
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        Self {
+            role: role.to_string(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
+        }
+    }
+}
+
+/// An assistant's earlier call: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TemplateToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: TemplateFunction,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TemplateFunction {
+    pub name: String,
+    /// An object where the call's arguments parse, else their text.
+    pub arguments: serde_json::Value,
+}
+
+/// What a template is rendered with besides the messages.
+#[derive(Debug, Clone, Default)]
+pub struct RenderContext {
+    /// `tools`, as `apply_chat_template(tools=...)` passes them (OpenAI's function tools).
+    pub tools: Option<serde_json::Value>,
+    pub add_generation_prompt: bool,
+    /// Template switches (`enable_thinking`, `reasoning_effort`), passed as variables.
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A compiled chat template.
@@ -47,18 +98,39 @@ impl ChatTemplate {
         messages: &[TemplateMessage],
         add_generation_prompt: bool,
     ) -> Result<String, String> {
+        let ctx = RenderContext {
+            add_generation_prompt,
+            ..RenderContext::default()
+        };
+        self.render_with(messages, &ctx)
+    }
+
+    /// Renders `messages` with tools and template switches.
+    pub fn render_with(
+        &self,
+        messages: &[TemplateMessage],
+        ctx: &RenderContext,
+    ) -> Result<String, String> {
         let template = self.env.get_template(NAME).map_err(|e| e.to_string())?;
-        template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-            })
-            .map_err(|e| match e.kind() {
-                ErrorKind::InvalidOperation => e.detail().unwrap_or("rejected").to_string(),
-                _ => format!("the chat template failed: {e:#}"),
-            })
+        let mut vars: std::collections::BTreeMap<&str, Value> = ctx
+            .kwargs
+            .iter()
+            .map(|(k, v)| (k.as_str(), Value::from_serialize(v)))
+            .collect();
+        vars.insert("messages", Value::from_serialize(messages));
+        vars.insert(
+            "add_generation_prompt",
+            Value::from(ctx.add_generation_prompt),
+        );
+        vars.insert("bos_token", Value::from(self.bos_token.as_str()));
+        vars.insert("eos_token", Value::from(self.eos_token.as_str()));
+        if let Some(tools) = &ctx.tools {
+            vars.insert("tools", Value::from_serialize(tools));
+        }
+        template.render(vars).map_err(|e| match e.kind() {
+            ErrorKind::InvalidOperation => e.detail().unwrap_or("rejected").to_string(),
+            _ => format!("the chat template failed: {e:#}"),
+        })
     }
 }
 
@@ -86,8 +158,8 @@ fn tojson(value: Value, indent: Option<usize>) -> Result<Value, Error> {
     Ok(Value::from_safe_string(text))
 }
 
-/// Python's `json.dumps` separators: `", "` and `": "`.
-fn python_json(v: &serde_json::Value) -> String {
+/// Python's `json.dumps` separators: `", "` and `": "`, keys in their order, no ASCII escaping.
+pub fn python_json(v: &serde_json::Value) -> String {
     use serde_json::Value as J;
     match v {
         J::Array(items) => {
@@ -182,10 +254,7 @@ mod tests {
     use super::*;
 
     fn msg(role: &str, content: &str) -> TemplateMessage {
-        TemplateMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        TemplateMessage::new(role, content)
     }
 
     #[test]

@@ -178,6 +178,13 @@ pub struct CacheStats {
     pub daemon_free_blocks: Option<u64>,
     /// Releases sent again because the daemon had not acknowledged them in time.
     pub release_retries: u64,
+    /// Prefixes pinned by requests (`cache_control`) now, and the bytes of their blocks.
+    pub pins: u64,
+    pub pinned_by_requests_bytes: u64,
+    /// Pins that lapsed early to keep pins within their share of the capacity, and pins that
+    /// reached their deadline.
+    pub pins_lapsed: u64,
+    pub pins_expired: u64,
     /// Inventory reports refused because no pool of the registered geometry could give them.
     pub rejected_inventories: u64,
 }

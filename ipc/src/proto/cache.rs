@@ -62,10 +62,12 @@ pub enum DaemonToCache {
     },
     /// Drop a lease's pins (request finished or cancelled).
     Unlease { lease: LeaseId },
-    /// Offer a finished sequence's full blocks, in chain order from the first block.
+    /// Offer a finished sequence's full blocks, in chain order from the first block, and pin
+    /// the first blocks of the chain for a while (Anthropic's `cache_control`).
     Donate {
         call: CallId,
         blocks: Vec<DonatedBlock>,
+        pins: Vec<PinRequest>,
     },
     /// The pool is short of `blocks` free blocks: evict up to that many unpinned cached blocks.
     Reclaim { call: CallId, blocks: u32 },
@@ -96,6 +98,14 @@ pub struct InventoryReport {
     pub engine_active_bytes: u64,
 }
 
+/// Keep the first `blocks` blocks of a donated chain for `ttl_secs`, even under pressure
+/// (pins hold at most the manager's pin share of the cap; the oldest lapses first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinRequest {
+    pub blocks: u32,
+    pub ttl_secs: u32,
+}
+
 /// The outcome of a donation.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DonateOutcome {
@@ -108,6 +118,9 @@ pub struct DonateOutcome {
     pub refused: Vec<BlockId>,
     /// Why blocks were refused, if any were.
     pub refused_reason: Option<RefuseReason>,
+    /// The first blocks of the chain pinned now (the longest pin asked for, as far as the
+    /// chain is cached and the pin share allows).
+    pub pinned: u32,
 }
 
 /// Why a donation was (partly) refused.

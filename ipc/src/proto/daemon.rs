@@ -107,6 +107,21 @@ pub struct Generate {
     pub logprobs: bool,
     /// Requests with different salts never share cached blocks.
     pub cache_salt: Option<String>,
+    /// A grammar the answer must follow: llguidance's `TopLevelGrammar` as JSON (see
+    /// `mlxcel_grammar::Grammar`).
+    pub grammar: Option<String>,
+    /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(TokenId, f32)>,
+    /// Prompt prefixes to keep cached for a while (Anthropic's `cache_control`).
+    pub pins: Vec<Pin>,
+}
+
+/// A prompt prefix the cache keeps for `ttl_secs` (within its share of the cache's cap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pin {
+    /// The prefix's length in tokens (its full blocks are pinned).
+    pub tokens: u32,
+    pub ttl_secs: u32,
 }
 
 /// Messages from the front end.
@@ -141,6 +156,8 @@ pub struct Usage {
     pub queue_ms: u64,
     pub prefill_ms: u64,
     pub decode_ms: u64,
+    /// Prompt tokens whose blocks the cache holds pinned after this request (0 without pins).
+    pub pinned_tokens: u32,
 }
 
 /// The pool's state.
@@ -229,6 +246,11 @@ pub struct StepTotals {
     pub prefill_passes: u64,
     #[serde(default)]
     pub prefill_chunks: u64,
+    /// Next-token masks computed for constrained requests, and the time they took.
+    #[serde(default)]
+    pub masks: u64,
+    #[serde(default)]
+    pub mask_us: u64,
 }
 
 /// The daemon's state, for `/health` and `mlxcelctl status`.

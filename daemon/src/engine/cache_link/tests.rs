@@ -98,6 +98,7 @@ fn a_donation_outcome_retains_only_offered_blocks_and_frees_the_sequence() {
         Finishing {
             table: vec![5, 6, 7],
             offered,
+            then: None,
         },
     );
     let mut pool = Counts::default();
@@ -153,14 +154,17 @@ fn without_a_manager_a_finished_sequence_is_freed_at_once() {
     let h = hashes(5, 1);
     let mut link = CacheLink::default();
     let mut pool = Counts::default();
-    link.donate(
+    let unsent = link.donate(
         &mut pool,
         vec![3, 4],
         vec![DonatedBlock {
             hash: h[0],
             block: 3,
         }],
+        Vec::new(),
+        None,
     );
+    assert!(unsent.is_none());
     assert_eq!((pool.of(3), pool.of(4)), (-1, -1));
     assert!(!link.may_free_blocks());
 }
