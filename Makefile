@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: check-macos check-cuda setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: check-macos check-cuda setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-constrained bench-agent bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -46,7 +46,7 @@ build: setup
 	$(CARGO) build --release --workspace --bins
 
 ## bench: measured figures (not tests).
-bench: bench-cachemgr bench-engine bench-serving bench-load bench-ipc bench-footprint bench-throughput
+bench: bench-cachemgr bench-engine bench-serving bench-load bench-ipc bench-footprint bench-throughput bench-constrained bench-agent
 
 bench-cachemgr:
 	$(CARGO) bench -p mlxcel-cachemgr --bench roundtrip
@@ -58,10 +58,12 @@ bench-serving: setup
 	$(CARGO) build --release --workspace --bins
 	$(CARGO) bench -p mlxcel-daemon --bench serving
 
-## goldens: regenerate the engine's golden fixtures (builds llama-cpp-python, ~5 min).
-goldens: setup
+## goldens: regenerate the golden fixtures: the engine's (builds llama-cpp-python, ~5 min) and
+## the chat templates' with tools (Hugging Face's renderer, from the bench venv).
+goldens: bench-setup
 	.venv/bin/python -m pip install -q llama-cpp-python==0.3.36 jinja2 gguf numpy
 	.venv/bin/python scripts/make_goldens.py
+	.venv/bin/python scripts/make_goldens.py --templates
 
 clean:
 	$(CARGO) clean
@@ -97,6 +99,16 @@ bench-footprint: bench-setup
 bench-throughput: bench-setup
 	.venv/bin/python bench/throughput.py --out $(RESULTS)
 	.venv/bin/python bench/plot.py $(RESULTS)
+
+## bench-constrained: mlxcel's tok/s with a nested JSON schema against without, at 1 and 8
+## clients, and the mask time per step (bench/constrained.py).
+bench-constrained: bench-setup
+	.venv/bin/python bench/constrained.py --out $(RESULTS)
+
+## bench-agent: a 10-turn tool conversation over the Messages API, prefill and TTFT per turn,
+## beside mlx_lm.server's TTFT on the same conversation (bench/agent_loop.py).
+bench-agent: bench-setup
+	.venv/bin/python bench/agent_loop.py --out $(RESULTS)
 
 ## bench-ipc: the same request through the full stack and straight to the daemon socket.
 bench-ipc: setup
