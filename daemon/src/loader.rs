@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::device::{DeviceChoice, Placement};
 use crate::model::Model;
 use crate::model::gguf::{self, GgufNames};
-use crate::model::safetensors::{self, HfNames};
+use crate::model::safetensors;
 use crate::tokenizer::TextInfo;
 use crate::{EngineError, Result};
 
@@ -38,9 +38,9 @@ pub fn load_placed(path: &Path, placement: Placement) -> Result<Loaded> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (model, text) = if path.is_dir() {
-        let (config, mut weights) = safetensors::load(path)?;
+        let (config, mut weights, names) = safetensors::load(path)?;
         let text = TextInfo::from_hf_dir(path, config.context_length)?;
-        (Model::build(config, &mut weights, &HfNames, backend)?, text)
+        (Model::build(config, &mut weights, &names, backend)?, text)
     } else if is_gguf || !path.exists() {
         let mut g = gguf::load(path)?;
         let text = TextInfo::from_gguf(&g.vocab)?;

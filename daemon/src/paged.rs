@@ -63,10 +63,10 @@ pub struct PagedStore<'a> {
 pub struct PagedBatch<'a> {
     seqs: Vec<&'a mut BlockTable>,
     pool: &'a mut BlockPool,
-    /// How this step reads each row's own blocks, decided by the first layer.
-    plan: Option<OwnPlan>,
-    /// Leading blocks every row shares this step.
-    shared: usize,
+    /// How this step reads each row's own blocks, decided by the first layer of each layout
+    /// (a model whose layers attend differently, a sliding window beside full attention, asks
+    /// for two), with the leading blocks every row shares under it.
+    plans: Vec<(OwnLayout, usize, OwnPlan)>,
     read: OwnRead,
     /// Where this step's new rows go, planned by the first layer.
     write: Option<WritePlan>,
@@ -100,8 +100,7 @@ impl<'a> PagedBatch<'a> {
         Self {
             seqs,
             pool,
-            plan: None,
-            shared: 0,
+            plans: Vec::new(),
             read: OwnRead::Cheaper,
             write: None,
         }
@@ -210,12 +209,15 @@ impl BatchKv for PagedBatch<'_> {
             pool.plan_write(&at)
         });
         pool.write_packed(layer, plan, &values)?;
-        if self.plan.is_none() {
+        if !self.plans.iter().any(|(l, ..)| *l == layout) {
             let (shared, plan) = self.plan(layout)?;
-            self.shared = shared;
-            self.plan = Some(plan);
+            self.plans.push((layout, shared, plan));
         }
-        let own = match &self.plan {
+        let (shared, plan) = match self.plans.iter().find(|(l, ..)| *l == layout) {
+            Some((_, shared, plan)) => (*shared, Some(plan)),
+            None => (0, None),
+        };
+        let own = match plan {
             Some(OwnPlan::Gather(plan, keys)) => {
                 let (mut k, mut v) = self.pool.gather(layer, plan)?;
                 let keys = *keys;
@@ -242,8 +244,8 @@ impl BatchKv for PagedBatch<'_> {
             Some(OwnPlan::Spans) => {
                 let mut rows = Vec::with_capacity(self.seqs.len());
                 for s in &self.seqs {
-                    let (from, to) = (self.shared * bt, s.len + 1);
-                    let table = &s.blocks[self.shared..];
+                    let (from, to) = (shared * bt, s.len + 1);
+                    let table = &s.blocks[shared..];
                     let spans = self.pool.spans(layer, table, (to - from).div_ceil(bt))?;
                     rows.push(first_positions(&spans, to - from));
                 }
@@ -252,8 +254,8 @@ impl BatchKv for PagedBatch<'_> {
             None => return Err(crate::EngineError::Internal("no read plan".into())),
         };
         Ok(BatchKeys {
-            shared: self.pool.spans(layer, &self.seqs[0].blocks, self.shared)?,
-            shared_len: self.shared * bt,
+            shared: self.pool.spans(layer, &self.seqs[0].blocks, shared)?,
+            shared_len: shared * bt,
             own,
         })
     }
@@ -262,7 +264,7 @@ impl BatchKv for PagedBatch<'_> {
         for s in self.seqs.iter_mut() {
             s.len += 1;
         }
-        self.plan = None;
+        self.plans.clear();
         self.write = None;
     }
 }

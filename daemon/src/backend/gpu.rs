@@ -49,20 +49,16 @@ impl Backend for Gpu {
         offset: i32,
         keys: i32,
     ) -> Box<dyn ChunkAttention + '_> {
-        let mask = (t > 1 || keys > offset + t).then_some((t, offset, keys));
         Box::new(FusedChunk {
             heads,
             shape: (t, keys),
             canonical: false,
-            mask: LazyMask::new(mask, self.placement.dtype),
+            mask: LazyMask::of(heads, (t, offset, keys), self.placement.dtype),
         })
     }
 
     fn step_attention(&self, heads: Heads, lens: &[i32]) -> Box<dyn StepAttention + '_> {
-        Box::new(FusedStep {
-            heads,
-            rows: PaddedRows::new(lens, self.placement.dtype),
-        })
+        Box::new(FusedStep::new(heads, lens, self.placement.dtype))
     }
 }
 
@@ -80,6 +76,9 @@ pub(crate) fn batch_sizes(max: usize) -> Vec<usize> {
 pub(crate) struct FusedRope {
     spec: RopeSpec,
     at: FusedAt,
+    /// The pairs' periods (`1 / frequency`, as MLX's kernel takes them) where the spec gives
+    /// its own frequencies.
+    periods: Option<Array>,
 }
 
 enum FusedAt {
@@ -95,9 +94,14 @@ impl FusedRope {
                 FusedAt::PerRow(Array::from_slice(rows, &[rows.len() as i32]))
             }
         };
+        let periods = spec.freqs.as_ref().map(|f| {
+            let p: Vec<f32> = f.iter().map(|&x| 1.0 / x).collect();
+            Array::from_slice(&p, &[p.len() as i32])
+        });
         FusedRope {
             spec: spec.clone(),
             at,
+            periods,
         }
     }
 }
@@ -105,10 +109,13 @@ impl FusedRope {
 impl Rotate for FusedRope {
     fn apply(&self, x: &Array) -> Result<Array> {
         let s = &self.spec;
+        // MLX takes either a base or the periods.
+        let base = self.periods.is_none().then_some(s.theta);
+        let periods = self.periods.as_ref();
         Ok(match &self.at {
-            FusedAt::Fixed(o) => fast::rope(x, s.dims, s.traditional, s.theta, 1.0, *o, None)?,
+            FusedAt::Fixed(o) => fast::rope(x, s.dims, s.traditional, base, s.scale, *o, periods)?,
             FusedAt::PerRow(o) => {
-                fast::rope_dynamic(x, s.dims, s.traditional, s.theta, 1.0, o, None)?
+                fast::rope_dynamic(x, s.dims, s.traditional, base, s.scale, o, periods)?
             }
         })
     }
@@ -118,6 +125,8 @@ impl Rotate for FusedRope {
 pub(crate) struct LazyMask {
     shape: Option<(i32, i32, i32)>,
     dtype: mlx_rs::Dtype,
+    /// A sliding window's size.
+    window: Option<i32>,
     built: Option<Array>,
 }
 
@@ -126,8 +135,24 @@ impl LazyMask {
         LazyMask {
             shape,
             dtype,
+            window: None,
             built: None,
         }
+    }
+
+    /// The mask of a chunk of `t` queries at `offset` over `keys` keys as `heads` see them: a
+    /// sliding window always needs one once the keys pass it.
+    pub(crate) fn of(heads: Heads, shape: (i32, i32, i32), dtype: mlx_rs::Dtype) -> Self {
+        let (t, offset, keys) = shape;
+        let windowed = heads.window.is_some_and(|w| keys > w);
+        let needed = t > 1 || keys > offset + t || windowed;
+        LazyMask::new(needed.then_some(shape), dtype).windowed(heads.window)
+    }
+
+    /// The same mask through a sliding window of `window` keys.
+    pub(crate) fn windowed(mut self, window: Option<i32>) -> Self {
+        self.window = window;
+        self
     }
 
     pub(crate) fn get(&mut self) -> Result<Option<&Array>> {
@@ -135,7 +160,7 @@ impl LazyMask {
             return Ok(None);
         };
         if self.built.is_none() {
-            self.built = Some(causal_mask(t, offset, keys, self.dtype)?);
+            self.built = Some(causal_mask(t, offset, keys, self.window, self.dtype)?);
         }
         Ok(self.built.as_ref())
     }
@@ -152,7 +177,12 @@ pub(crate) struct FusedChunk {
 }
 
 impl ChunkAttention for FusedChunk {
-    fn attend(&mut self, q: &Array, spans: &[(Array, Array)]) -> Result<Array> {
+    fn attend(
+        &mut self,
+        q: &Array,
+        spans: &[(Array, Array)],
+        sinks: Option<&Array>,
+    ) -> Result<Array> {
         let t = q.shape()[2];
         let out = fused_attend(
             q,
@@ -161,6 +191,7 @@ impl ChunkAttention for FusedChunk {
             self.mask.get()?,
             self.shape,
             self.canonical,
+            sinks,
         )?;
         let width = self.heads.heads * self.heads.head_dim;
         Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, t, width])?)
@@ -170,7 +201,8 @@ impl ChunkAttention for FusedChunk {
 /// Attention of one sequence's `t` queries (`[1, heads, t, head_dim]`) over the keys and values
 /// in `spans` through the fused kernel, queries and keys padded with zero rows to `(tp, sp)`
 /// and, with `canonical`, laid out contiguously; `mask` is the causal mask of that shape (`None`
-/// only for one query over exactly its keys). Returns `[1, heads, t, head_dim]`.
+/// only for one query over exactly its keys), `sinks` the heads' sink logits where the layer
+/// has them. Returns `[1, heads, t, head_dim]`.
 pub(crate) fn fused_attend(
     q: &Array,
     spans: &[(Array, Array)],
@@ -178,13 +210,15 @@ pub(crate) fn fused_attend(
     mask: Option<&Array>,
     (tp, sp): (i32, i32),
     canonical: bool,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     let t = q.shape()[2];
     let q = padded(std::slice::from_ref(q), tp, canonical)?;
     let (ks, vs): (Vec<Array>, Vec<Array>) = spans.iter().cloned().unzip();
     let (k, v) = (padded(&ks, sp, canonical)?, padded(&vs, sp, canonical)?);
     let mask = mask.map(fast::ScaledDotProductAttentionMask::Array);
-    let out = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
+    let sinks = sinks.map(|s| s.as_dtype(q.dtype())).transpose()?;
+    let out = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, sinks.as_ref())?;
     Ok(if tp == t {
         out
     } else {
@@ -222,6 +256,8 @@ fn padded(parts: &[Array], rows: i32, canonical: bool) -> Result<Array> {
 pub(crate) struct PaddedRows {
     lens: Vec<i32>,
     dtype: mlx_rs::Dtype,
+    /// A sliding window's size (its rows are always read whole, never after shared spans).
+    window: Option<i32>,
     /// Each row's own positions before this step (after the shared ones), the padded length and
     /// the shared count, once the first layer's keys are seen.
     read: Option<(Vec<i32>, i32, i32)>,
@@ -233,9 +269,16 @@ impl PaddedRows {
         PaddedRows {
             lens: lens.to_vec(),
             dtype,
+            window: None,
             read: None,
             mask: None,
         }
+    }
+
+    /// The same rows read through a sliding window of `window` keys.
+    pub(crate) fn windowed(mut self, window: Option<i32>) -> Self {
+        self.window = window;
+        self
     }
 
     /// Notes `keys`' layout at the first layer that has padded keys.
@@ -249,11 +292,13 @@ impl PaddedRows {
         }
     }
 
-    /// Whether some row is shorter than the padded keys (so a mask is needed).
+    /// Whether some row is shorter than the padded keys, or longer than its window (so a mask
+    /// is needed).
     pub(crate) fn ragged(&self) -> bool {
-        self.read
-            .as_ref()
-            .is_some_and(|(own, padded, _)| own.iter().any(|&l| l + 1 < *padded))
+        self.read.as_ref().is_some_and(|(own, padded, _)| {
+            own.iter()
+                .any(|&l| l + 1 < *padded || self.window.is_some_and(|w| l + 1 > w))
+        })
     }
 
     /// Each row's own keys with this step's, and the shared count (after [`PaddedRows::see`]).
@@ -269,7 +314,7 @@ impl PaddedRows {
         if self.mask.is_none() {
             let mask = match &self.read {
                 Some((own, padded, _)) if self.ragged() => {
-                    Some(padding_mask(own, *padded, self.dtype)?)
+                    Some(padding_mask(own, *padded, self.window, self.dtype)?)
                 }
                 _ => None,
             };
@@ -280,9 +325,18 @@ impl PaddedRows {
 }
 
 /// A decode step's attention through the fused kernel over padded keys.
-struct FusedStep {
+pub(crate) struct FusedStep {
     heads: Heads,
     rows: PaddedRows,
+}
+
+impl FusedStep {
+    pub(crate) fn new(heads: Heads, lens: &[i32], dtype: mlx_rs::Dtype) -> Self {
+        FusedStep {
+            heads,
+            rows: PaddedRows::new(lens, dtype).windowed(heads.window),
+        }
+    }
 }
 
 impl StepAttention for FusedStep {
@@ -290,10 +344,10 @@ impl StepAttention for FusedStep {
         OwnLayout::Padded
     }
 
-    fn attend(&mut self, q: &Array, keys: &BatchKeys) -> Result<Array> {
+    fn attend(&mut self, q: &Array, keys: &BatchKeys, sinks: Option<&Array>) -> Result<Array> {
         self.rows.see(keys);
         let h = self.heads;
-        fused_batch_attention(q, keys, h.scale, self.rows.mask()?, h.kv_heads)
+        fused_batch_attention(q, keys, h.scale, self.rows.mask()?, h.kv_heads, sinks)
     }
 }
 
@@ -306,6 +360,7 @@ pub(crate) fn fused_batch_attention(
     scale: f32,
     mask: Option<&Array>,
     kv_heads: i32,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     let (b, heads, hd) = (q.shape()[0], q.shape()[1], q.shape()[3]);
     let Some((tk, tv)) = keys.own.rows_first()? else {
@@ -335,8 +390,9 @@ pub(crate) fn fused_batch_attention(
     let mask = mask
         .as_ref()
         .map(fast::ScaledDotProductAttentionMask::Array);
+    let sinks = sinks.map(|s| s.as_dtype(q.dtype())).transpose()?;
     Ok(
-        fast::scaled_dot_product_attention(q, &k, &v, scale, mask, None)?.reshape(&[
+        fast::scaled_dot_product_attention(q, &k, &v, scale, mask, sinks.as_ref())?.reshape(&[
             b,
             1,
             heads * hd,

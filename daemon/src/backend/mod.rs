@@ -13,8 +13,9 @@
 //!   where it has one, and projections that read one input joined into one matmul.
 //! - [`masks`]: the additive attention masks the plain-op paths use.
 //!
-//! Layer kinds a backend does not run (a sliding window, attention sinks) are the
-//! architecture's to refuse at load.
+//! A layer's attention may see only a sliding window of keys ([`Heads::window`]) and may have
+//! sink logits ([`Heads::sinks`]): the backends run both through their plain-op or fused paths
+//! (their custom kernels read every key up to the diagonal, and have no sink column).
 
 use std::rc::Rc;
 
@@ -43,6 +44,10 @@ pub struct Heads {
     pub head_dim: i32,
     /// Multiplies the scores (`1 / sqrt(head_dim)` for most models).
     pub scale: f32,
+    /// A sliding-window layer: each query sees itself and the `window - 1` keys before it.
+    pub window: Option<i32>,
+    /// Each head has a learned sink logit (gpt-oss): a column in the softmax with no value.
+    pub sinks: bool,
 }
 
 impl Heads {
@@ -60,6 +65,24 @@ pub struct RopeSpec {
     pub theta: f32,
     /// Pairs are adjacent dimensions (`2i`, `2i + 1`) rather than halves.
     pub traditional: bool,
+    /// Multiplies positions (linear RoPE scaling: `1 / factor`).
+    pub scale: f32,
+    /// Each pair's frequency (radians per position) where the model computes its own (YaRN,
+    /// proportional RoPE); else `theta^(-2i / dims)`.
+    pub freqs: Option<Vec<f32>>,
+}
+
+impl RopeSpec {
+    /// The plain rotation of `dims` dimensions at base `theta`.
+    pub fn plain(dims: i32, theta: f32, traditional: bool) -> RopeSpec {
+        RopeSpec {
+            dims,
+            theta,
+            traditional,
+            scale: 1.0,
+            freqs: None,
+        }
+    }
 }
 
 /// The positions a forward pass rotates.
@@ -82,16 +105,23 @@ pub trait Rotate {
 pub trait ChunkAttention {
     /// Queries `[1, heads, t, head_dim]` over the sequence's K/V `spans` (`[1, kv_heads, n_i,
     /// head_dim]` each, covering at least its positions up to the chunk's last; the rest is
-    /// masked). Returns `[1, t, heads * head_dim]`.
-    fn attend(&mut self, q: &Array, spans: &[(Array, Array)]) -> Result<Array>;
+    /// masked), with the layer's `sinks` (`[heads]`, where [`Heads::sinks`]). Returns `[1, t,
+    /// heads * head_dim]`.
+    fn attend(
+        &mut self,
+        q: &Array,
+        spans: &[(Array, Array)],
+        sinks: Option<&Array>,
+    ) -> Result<Array>;
 }
 
 /// The attention of one batched decode step, for every layer of it.
 pub trait StepAttention {
     /// How the step's K/V store should hand each row's own keys over.
     fn layout(&self) -> OwnLayout;
-    /// Queries `[b, heads, 1, head_dim]` over `keys`. Returns `[b, 1, heads * head_dim]`.
-    fn attend(&mut self, q: &Array, keys: &BatchKeys) -> Result<Array>;
+    /// Queries `[b, heads, 1, head_dim]` over `keys`, with the layer's `sinks` (`[heads]`,
+    /// where [`Heads::sinks`]). Returns `[b, 1, heads * head_dim]`.
+    fn attend(&mut self, q: &Array, keys: &BatchKeys, sinks: Option<&Array>) -> Result<Array>;
 }
 
 /// What a warm-up runs so that no request meets a shape whose kernels it has not built.

@@ -6,7 +6,7 @@ use std::path::Path;
 use mlx_rs::io::GgufFile;
 
 use super::config::{Arch, ModelConfig};
-use super::llama::{LayerPart, TensorNames};
+use super::decoder::{LayerPart, TensorNames};
 use super::weights::Weights;
 use crate::tokenizer::GgufVocab;
 use crate::{EngineError, Result};
@@ -43,10 +43,17 @@ impl TensorNames for GgufNames {
             LayerPart::O => "attn_output",
             LayerPart::QNorm => "attn_q_norm.weight",
             LayerPart::KNorm => "attn_k_norm.weight",
+            LayerPart::Sinks => "attn_sinks.weight",
+            LayerPart::PostAttnNorm => "post_attention_norm.weight",
             LayerPart::FfnNorm => "ffn_norm.weight",
+            LayerPart::PostFfnNorm => "post_ffw_norm.weight",
             LayerPart::Gate => "ffn_gate",
             LayerPart::Up => "ffn_up",
             LayerPart::Down => "ffn_down",
+            LayerPart::Router => "ffn_gate_inp",
+            LayerPart::ExpertGate => "ffn_gate_exps",
+            LayerPart::ExpertUp => "ffn_up_exps",
+            LayerPart::ExpertDown => "ffn_down_exps",
         };
         format!("blk.{i}.{p}")
     }
@@ -110,6 +117,26 @@ pub fn load(path: &Path) -> Result<GgufModel> {
         context_length: need("context_length")?,
         // llama.cpp permutes Q/K of llama-arch models for interleaved RoPE; Qwen keeps NeoX order.
         rope_traditional: arch == Arch::Llama,
+        moe: match meta.number(&format!("{a}.expert_count"))? {
+            Some(experts) if experts > 0.0 => Some(super::config::MoeConfig {
+                experts: experts as usize,
+                top_k: meta
+                    .number(&format!("{a}.expert_used_count"))?
+                    .unwrap_or(0.0) as usize,
+                expert_ffn: meta
+                    .number(&format!("{a}.expert_feed_forward_length"))?
+                    .unwrap_or(0.0) as usize,
+                sparse_step: 1,
+                dense_layers: Vec::new(),
+                // llama.cpp's qwen3moe renormalizes the top k weights.
+                routing: super::moe::Routing::SoftmaxTopK { norm: true },
+                activation: super::activation::Activation::SwiGlu,
+            }),
+            _ => None,
+        },
+        rope_scaling: super::config::RopeScaling::None,
+        windows: Vec::new(),
+        gemma3: None,
     };
     config.validate(&shown)?;
     let vocab = GgufVocab {

@@ -8,10 +8,18 @@
 //! - [`gguf`]: loading a GGUF file (weights, configuration, tokenizer metadata);
 //!   [`gguf_check`]: its structure checked in Rust first (MLX's reader trusts the file).
 //! - [`safetensors`]: loading an MLX / Hugging Face directory.
-//! - [`llama`]: the Llama family (Llama, Mistral, SmolLM2; Qwen2 biases; Qwen3 norms).
+//! - [`hf_config`]: a Hugging Face `config.json` read into a [`ModelConfig`].
+//! - [`decoder`]: the pre-norm transformer decoder every family we serve is a variant of
+//!   (Llama, Mistral, SmolLM2; Qwen2's biases; Qwen3's q/k norms; Gemma 3's sandwich norms and
+//!   local layers; gpt-oss's sinks; Qwen3-MoE's and gpt-oss's experts).
+//! - [`rope`]: a layer's rotation from the RoPE settings (linear, YaRN, Llama 3 scaling).
+//! - [`moe`]: mixture-of-experts feed-forward blocks (routers, stacked experts);
+//!   [`activation`]: the gated activations.
+//! - [`quantized`]: MLX's quantized formats, and the ops over them in every mode.
 //!
-//! Adding an architecture: a file here implementing [`Architecture`], its names in
-//! [`config::Arch`], and a line in [`Model::build`].
+//! Adding an architecture: its names in [`config::Arch`], what it reads from `config.json` in
+//! [`hf_config`], and either what differs in [`decoder`] or, for a model that is no such
+//! decoder, a file here implementing [`Architecture`] and a line in [`Model::build`].
 
 use std::rc::Rc;
 
@@ -22,10 +30,15 @@ use crate::backend::{Backend, Heads};
 use crate::device::Placement;
 use crate::kv::{BatchKv, ChunksKv, KvStore, OneChunk};
 
+pub mod activation;
 pub mod config;
+pub mod decoder;
 pub mod gguf;
 pub mod gguf_check;
-pub mod llama;
+pub mod hf_config;
+pub mod moe;
+pub mod quantized;
+pub mod rope;
 pub mod safetensors;
 pub mod weights;
 
@@ -62,17 +75,16 @@ impl Model {
     pub fn build(
         config: ModelConfig,
         weights: &mut weights::Weights,
-        names: &dyn llama::TensorNames,
+        names: &dyn decoder::TensorNames,
         backend: Rc<dyn Backend>,
     ) -> Result<Model> {
-        let arch: Box<dyn Architecture> = match config.arch {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => Box::new(llama::Llama::build(
-                &config,
-                weights,
-                names,
-                backend.clone(),
-            )?),
-        };
+        // Every family we serve is a variant of one decoder.
+        let arch: Box<dyn Architecture> = Box::new(decoder::Decoder::build(
+            &config,
+            weights,
+            names,
+            backend.clone(),
+        )?);
         Ok(Model {
             placement: *backend.placement(),
             config,

@@ -6,52 +6,33 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use mlx_rs::Array;
-use serde::Deserialize;
+use serde_json::Value;
 
 use super::config::{Arch, ModelConfig};
-use super::llama::{LayerPart, TensorNames};
+use super::decoder::{LayerPart, TensorNames};
+use super::hf_config::{self, HfConfig};
 use super::weights::Weights;
 use crate::{EngineError, Result};
 
-/// The fields of `config.json` the engine reads.
-#[derive(Debug, Deserialize)]
-pub struct HfConfig {
-    pub model_type: String,
-    pub hidden_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub intermediate_size: usize,
-    pub vocab_size: usize,
-    pub rope_theta: Option<f32>,
-    pub rms_norm_eps: Option<f32>,
-    pub max_position_embeddings: Option<usize>,
-    pub rope_scaling: Option<serde_json::Value>,
-    pub quantization: Option<Quantization>,
+/// Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...) as a family uses them,
+/// under `prefix` (`language_model.` for Gemma 3's multimodal checkpoints).
+pub struct HfNames {
+    pub arch: Arch,
+    pub prefix: &'static str,
 }
-
-/// mlx-community quantization settings.
-#[derive(Debug, Deserialize)]
-pub struct Quantization {
-    pub group_size: i32,
-    pub bits: i32,
-}
-
-/// Hugging Face tensor names (`model.layers.N.self_attn.q_proj`, ...).
-pub struct HfNames;
 
 impl TensorNames for HfNames {
     fn embed(&self) -> String {
-        "model.embed_tokens".into()
+        format!("{}model.embed_tokens", self.prefix)
     }
     fn output(&self) -> String {
-        "lm_head".into()
+        format!("{}lm_head", self.prefix)
     }
     fn output_norm(&self) -> String {
-        "model.norm.weight".into()
+        format!("{}model.norm.weight", self.prefix)
     }
     fn layer(&self, i: usize, part: LayerPart) -> String {
+        let (gemma, gpt_oss) = (self.arch == Arch::Gemma3, self.arch == Arch::GptOss);
         let p = match part {
             LayerPart::AttnNorm => "input_layernorm.weight",
             LayerPart::Q => "self_attn.q_proj",
@@ -60,17 +41,29 @@ impl TensorNames for HfNames {
             LayerPart::O => "self_attn.o_proj",
             LayerPart::QNorm => "self_attn.q_norm.weight",
             LayerPart::KNorm => "self_attn.k_norm.weight",
+            LayerPart::Sinks => "self_attn.sinks",
+            LayerPart::PostAttnNorm => "post_attention_layernorm.weight",
+            LayerPart::FfnNorm if gemma => "pre_feedforward_layernorm.weight",
             LayerPart::FfnNorm => "post_attention_layernorm.weight",
+            LayerPart::PostFfnNorm => "post_feedforward_layernorm.weight",
             LayerPart::Gate => "mlp.gate_proj",
             LayerPart::Up => "mlp.up_proj",
             LayerPart::Down => "mlp.down_proj",
+            LayerPart::Router if gpt_oss => "mlp.router",
+            LayerPart::Router => "mlp.gate",
+            LayerPart::ExpertGate if gpt_oss => "mlp.experts.gate_proj",
+            LayerPart::ExpertUp if gpt_oss => "mlp.experts.up_proj",
+            LayerPart::ExpertDown if gpt_oss => "mlp.experts.down_proj",
+            LayerPart::ExpertGate => "mlp.switch_mlp.gate_proj",
+            LayerPart::ExpertUp => "mlp.switch_mlp.up_proj",
+            LayerPart::ExpertDown => "mlp.switch_mlp.down_proj",
         };
-        format!("model.layers.{i}.{p}")
+        format!("{}model.layers.{i}.{p}", self.prefix)
     }
 }
 
-/// Reads the model in directory `dir`.
-pub fn load(dir: &Path) -> Result<(ModelConfig, Weights)> {
+/// Reads the model in directory `dir`: its configuration, weights and tensor names.
+pub fn load(dir: &Path) -> Result<(ModelConfig, Weights, HfNames)> {
     let shown = dir.display().to_string();
     let err = |reason: String| EngineError::Model {
         path: shown.clone(),
@@ -79,32 +72,32 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Weights)> {
     let config_path = dir.join("config.json");
     let text =
         std::fs::read_to_string(&config_path).map_err(|e| err(format!("config.json: {e}")))?;
-    let hf: HfConfig = serde_json::from_str(&text).map_err(|e| err(format!("config.json: {e}")))?;
+    let mut json: Value =
+        serde_json::from_str(&text).map_err(|e| err(format!("config.json: {e}")))?;
+    // Gemma 3's multimodal checkpoints: the text model's config inside, its weights under
+    // `language_model.` (the vision tower's are left unread).
+    let mut prefix = "";
+    if json["model_type"] == "gemma3" && json["text_config"].is_object() {
+        let mut text_config = json["text_config"].take();
+        text_config["model_type"] = "gemma3_text".into();
+        for key in ["vocab_size", "quantization"] {
+            if text_config.get(key).is_none() && !json[key].is_null() {
+                text_config[key] = json[key].take();
+            }
+        }
+        json = text_config;
+        prefix = "language_model.";
+    }
+    let hf: HfConfig =
+        serde_json::from_value(json).map_err(|e| err(format!("config.json: {e}")))?;
     let arch = Arch::parse(&hf.model_type).ok_or_else(|| {
         err(format!(
-            "unsupported architecture `{}` (supported: llama, mistral, qwen2, qwen3)",
-            hf.model_type
+            "unsupported architecture `{}` (supported: {})",
+            hf.model_type,
+            Arch::NAMES
         ))
     })?;
-    if let Some(scaling) = hf.rope_scaling.as_ref().filter(|v| !v.is_null()) {
-        return Err(err(format!("rope_scaling {scaling} is not supported yet")));
-    }
-    let config = ModelConfig {
-        arch,
-        layers: hf.num_hidden_layers,
-        hidden: hf.hidden_size,
-        heads: hf.num_attention_heads,
-        kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-        head_dim: hf
-            .head_dim
-            .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
-        ffn: hf.intermediate_size,
-        vocab: hf.vocab_size,
-        rope_theta: hf.rope_theta.unwrap_or(10_000.0),
-        rms_eps: hf.rms_norm_eps.unwrap_or(1e-5),
-        context_length: hf.max_position_embeddings.unwrap_or(4096),
-        rope_traditional: false,
-    };
+    let config = hf_config::model_config(&hf, arch).map_err(err)?;
     config.validate(&shown)?;
     let files = weight_files(dir).map_err(|e| err(e.to_string()))?;
     if files.is_empty() {
@@ -120,15 +113,19 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Weights)> {
         })?;
         tensors.extend(part);
     }
-    let group_size = hf.quantization.as_ref().map_or(64, |q| q.group_size);
-    if let Some(q) = &hf.quantization {
-        tracing::info!(
-            group_size = q.group_size,
-            bits = q.bits,
-            "quantized checkpoint"
-        );
+    if tensors.keys().any(|k| k.ends_with("gate_up_proj_blocks")) {
+        return Err(err(
+            "gpt-oss in its original layout (`gate_up_proj_blocks`) is not read \
+             yet: convert it with `mlx_lm.convert`, or use an mlx-community conversion"
+                .into(),
+        ));
     }
-    Ok((config, Weights::new(tensors, &shown, group_size)))
+    let (group_size, group_sizes) = hf_config::group_sizes(hf.quantization.as_ref());
+    if let Some(q) = &hf.quantization {
+        tracing::info!(quantization = %q, "quantized checkpoint");
+    }
+    let weights = Weights::new(tensors, &shown, group_size).with_group_sizes(group_sizes);
+    Ok((config, weights, HfNames { arch, prefix }))
 }
 
 /// A model directory's `*.safetensors` files, sorted.

@@ -9,14 +9,19 @@ use std::collections::HashMap;
 use mlx_rs::{Array, Dtype, ops};
 
 use crate::backend::{Backend, Linear};
+use crate::model::moe::Experts;
+use crate::model::quantized::{self, Format, Mode};
 use crate::{EngineError, Result};
 
 /// Tensors by name, as the file names them.
 pub struct Weights {
     tensors: HashMap<String, Array>,
     path: String,
-    /// Quantization group size of the file's quantized tensors.
+    /// Quantization group size of the file's affine-quantized tensors ...
     group_size: i32,
+    /// ... except these (mlx-community files name layers quantized otherwise, e.g. a router
+    /// kept at 8 bits in groups of 64).
+    group_sizes: HashMap<String, i32>,
 }
 
 impl Weights {
@@ -26,10 +31,18 @@ impl Weights {
             tensors,
             path: path.into(),
             group_size,
+            group_sizes: HashMap::new(),
         }
     }
 
-    fn missing(&self, name: &str) -> EngineError {
+    /// The same, with tensors (by layer name) quantized in other group sizes.
+    pub fn with_group_sizes(mut self, group_sizes: HashMap<String, i32>) -> Self {
+        self.group_sizes = group_sizes;
+        self
+    }
+
+    /// The error for a tensor the file lacks.
+    pub fn missing(&self, name: &str) -> EngineError {
         EngineError::Model {
             path: self.path.clone(),
             reason: format!("tensor `{name}` is missing"),
@@ -48,13 +61,10 @@ impl Weights {
             .get(&format!("{name}.weight"))
             .or_else(|| self.tensors.get(name));
         let w = w.ok_or_else(|| self.missing(&format!("{name}.weight")))?;
-        let out = match self.quantization(name)? {
-            Some((scales, biases, bits)) => {
-                ops::dequantize(w, scales, biases, self.group_size, bits)?
-            }
-            None => w.clone(),
-        };
-        cast(&out, dtype)
+        match self.quantization(name)? {
+            Some(format) => quantized::dequantize(w, &format, dtype),
+            None => cast(w, dtype),
+        }
     }
 
     /// An optional 1-D tensor (norm weights, biases), cast to `dtype`.
@@ -77,8 +87,10 @@ impl Weights {
     fn linear_of(&self, name: &str, backend: &dyn Backend) -> Result<Linear> {
         let placement = backend.placement();
         let bias = self.vector(&format!("{name}.bias"), placement.dtype)?;
+        // The backends' quantized matmuls are affine; other modes are dequantized here.
         if placement.keep_quantized
-            && let Some((scales, biases, bits)) = self.quantization(name)?
+            && let Some(format) = self.quantization(name)?
+            && let (Mode::Affine, Some(biases)) = (format.mode, &format.biases)
         {
             let w = self
                 .tensors
@@ -86,10 +98,10 @@ impl Weights {
                 .ok_or_else(|| self.missing(name))?;
             return Ok(Linear::Quantized {
                 w: w.clone(),
-                scales: cast(scales, placement.dtype)?,
+                scales: cast(&format.scales, placement.dtype)?,
                 biases: cast(biases, placement.dtype)?,
-                group_size: self.group_size,
-                bits,
+                group_size: format.group_size,
+                bits: format.bits,
                 bias,
             });
         }
@@ -99,40 +111,123 @@ impl Weights {
         Ok(Linear::dense(w, bias, backend))
     }
 
-    /// The scales, biases and bit width of a quantized tensor (None if it is not quantized).
-    fn quantization(&self, name: &str) -> Result<Option<(&Array, &Array, i32)>> {
-        let (Some(scales), Some(biases)) = (
-            self.tensors.get(&format!("{name}.scales")),
-            self.tensors.get(&format!("{name}.biases")),
-        ) else {
+    /// The stacked projections of a mixture's experts, `name` (`[experts, out, in]`, with
+    /// `name.bias` `[experts, out]` if present), as `backend` runs them, taken out of the file's
+    /// tensors. Hugging Face checkpoints that keep one tensor per expert (`experts.E.` where
+    /// MLX's have `switch_mlp.`) are stacked here.
+    pub fn experts(&mut self, name: &str, backend: &dyn Backend) -> Result<Experts> {
+        let placement = backend.placement();
+        let bias = self.vector(&format!("{name}.bias"), placement.dtype)?;
+        let out = if !self.has(&format!("{name}.weight")) && name.contains("switch_mlp") {
+            let mut parts = Vec::new();
+            while let Some(one) = self.tensors.remove(&format!(
+                "{}.weight",
+                name.replace("switch_mlp", &format!("experts.{}", parts.len()))
+            )) {
+                parts.push(cast(&one, placement.dtype)?);
+            }
+            if parts.is_empty() {
+                return Err(self.missing(&format!("{name}.weight")));
+            }
+            let stacked = ops::stack(&parts, 0)?;
+            stacked.eval()?;
+            Experts::Dense {
+                wt: stacked.swap_axes(-1, -2)?,
+                bias,
+            }
+        } else if placement.keep_quantized
+            && let Some(mut format) = self.quantization(name)?
+        {
+            let w = self
+                .tensors
+                .get(&format!("{name}.weight"))
+                .ok_or_else(|| self.missing(name))?;
+            if format.mode == Mode::Affine {
+                format.scales = cast(&format.scales, placement.dtype)?;
+                format.biases = format
+                    .biases
+                    .map(|b| cast(&b, placement.dtype))
+                    .transpose()?;
+            }
+            Experts::Quantized {
+                w: w.clone(),
+                format,
+                bias,
+            }
+        } else {
+            let w = self.dense(name, placement.dtype)?;
+            w.eval()?;
+            Experts::Dense {
+                wt: w.swap_axes(-1, -2)?,
+                bias,
+            }
+        };
+        for key in ["weight", "scales", "biases", "bias"] {
+            self.tensors.remove(&format!("{name}.{key}"));
+        }
+        Ok(out)
+    }
+
+    /// How tensor `name` is quantized (None if it is not): affine with biases (its bit width
+    /// from the packed and scale widths and the group size), or a float mode (u8 scales, no
+    /// biases) inferred from the same widths, as MLX's loader does.
+    fn quantization(&self, name: &str) -> Result<Option<Format>> {
+        let Some(scales) = self.tensors.get(&format!("{name}.scales")) else {
             return Ok(None);
+        };
+        let bad = |reason: String| EngineError::Model {
+            path: self.path.clone(),
+            reason: format!("quantized tensor `{name}`: {reason}"),
         };
         let w = self
             .tensors
             .get(&format!("{name}.weight"))
-            .ok_or_else(|| self.missing(name))?;
-        if w.ndim() != 2 || scales.ndim() != 2 {
-            return Err(EngineError::Model {
-                path: self.path.clone(),
-                reason: format!("quantized tensor `{name}` is not a matrix"),
-            });
+            .ok_or_else(|| self.missing(&format!("{name}.weight")))?;
+        if !matches!(w.ndim(), 2 | 3) || scales.ndim() != w.ndim() || w.dtype() != Dtype::Uint32 {
+            return Err(bad(format!(
+                "{:?} {:?} with scales {:?} is not a packed matrix or a stack of them",
+                w.dtype(),
+                w.shape(),
+                scales.shape()
+            )));
         }
-        let (packed, groups) = (w.shape()[1], scales.shape()[1]);
-        let bits = if groups > 0 {
-            packed * 32 / (groups * self.group_size)
-        } else {
-            0
+        let last = w.ndim() - 1;
+        let (packed, groups) = (w.shape()[last], scales.shape()[last]);
+        let biases = self.tensors.get(&format!("{name}.biases")).cloned();
+        let (mode, group_size, bits) = match &biases {
+            None if scales.dtype() == Dtype::Uint8 && groups > 0 && packed % groups == 0 => {
+                Mode::of_float(packed / groups).ok_or_else(|| {
+                    bad(format!(
+                        "{} words per scale is no MLX format",
+                        packed / groups
+                    ))
+                })?
+            }
+            None => return Err(bad("scales without biases".into())),
+            Some(_) => {
+                let gs = self
+                    .group_sizes
+                    .get(name)
+                    .copied()
+                    .unwrap_or(self.group_size);
+                let bits = if groups > 0 && gs > 0 {
+                    packed * 32 / (groups * gs)
+                } else {
+                    0
+                };
+                if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) || packed * 32 != bits * groups * gs {
+                    return Err(bad(format!("{bits} bits in groups of {gs} is unsupported")));
+                }
+                (Mode::Affine, gs, bits)
+            }
         };
-        if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) || w.dtype() != Dtype::Uint32 {
-            return Err(EngineError::Model {
-                path: self.path.clone(),
-                reason: format!(
-                    "tensor `{name}` has an unsupported quantization ({bits} bits, {:?})",
-                    w.dtype()
-                ),
-            });
-        }
-        Ok(Some((scales, biases, bits)))
+        Ok(Some(Format {
+            scales: scales.clone(),
+            biases,
+            group_size,
+            bits,
+            mode,
+        }))
     }
 }
 

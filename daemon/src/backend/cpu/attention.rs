@@ -11,13 +11,15 @@ use crate::Result;
 use crate::kv::{BatchKeys, OwnKeys, first_positions};
 
 /// Attention as two matmuls and a softmax, grouping query heads over shared K/V heads without
-/// copying K/V. On MLX's CPU backend this is far faster than the fused kernel.
+/// copying K/V. On MLX's CPU backend this is far faster than the fused kernel. `sinks`
+/// (`[heads]`) add a column per head to the softmax that has no value.
 pub fn explicit_attention(
     q: &Array,
     spans: &[(Array, Array)],
     scale: f32,
     mask: Option<&Array>,
     group: i32,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     let qs = q.shape();
     let (heads, t, hd) = (qs[1], qs[2], qs[3]);
@@ -47,7 +49,22 @@ pub fn explicit_attention(
             s,
         ])?;
     }
-    let p = softmax2_last(&scores)?;
+    let p = match sinks {
+        None => softmax2_last(&scores)?,
+        Some(s) => {
+            // Scores are in base 2 (q carries log2 e): so is the sink column.
+            let n = scores.shape()[3];
+            let col = ops::multiply(&s.as_dtype(scores.dtype())?, Array::from_f32(LOG2_E))?
+                .reshape(&[1, kv_heads, group, 1, 1])?;
+            let col = ops::broadcast_to(&col, &[1, kv_heads, group, t, 1])?.reshape(&[
+                1,
+                kv_heads,
+                group * t,
+                1,
+            ])?;
+            softmax2_last(&ops::concatenate(&[scores, col], 3)?)?.index((.., .., .., ..n))
+        }
+    };
     let mut out: Option<Array> = None;
     let mut at = 0;
     for (_, v) in spans {
@@ -91,7 +108,7 @@ pub fn causal_attention(
         let part = first_positions(spans, keys as usize);
         let m = mask.index((c0..c1, ..keys));
         let qp = q.index((.., .., c0..c1));
-        let out = explicit_attention(&qp, &part, scale, Some(&m), group)?;
+        let out = explicit_attention(&qp, &part, scale, Some(&m), group, None)?;
         // One piece at a time: evaluated together, every piece's scores and their softmax
         // temporaries were alive at once (measured: the daemon ~400 MiB above its pool late in a
         // 3.7k-token prefill); one by one, each piece reuses the buffers the one before freed.
@@ -126,6 +143,7 @@ pub fn batch_attention(
     scale: f32,
     mask: Option<&Array>,
     group: i32,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     let qs = q.shape();
     let (b, heads, hd) = (qs[0], qs[1], qs[3]);
@@ -143,12 +161,23 @@ pub fn batch_attention(
     }
     let (own_scores, lt) = own_scores(&q, &keys.own, mask, b, group)?;
     parts.push(own_scores);
-    let scores = if parts.len() == 1 {
+    let mut scores = if parts.len() == 1 {
         parts.remove(0)
     } else {
         ops::concatenate(&parts, 2)?
     };
-    let p = softmax2_last(&scores)?;
+    let n = scores.shape()[2];
+    if let Some(s) = sinks {
+        // Row i * group + g of kv head h is query head h * group + g: its sink, in base 2.
+        let col = ops::multiply(&s.as_dtype(scores.dtype())?, Array::from_f32(LOG2_E))?
+            .reshape(&[kv_heads, 1, group])?;
+        let col = ops::broadcast_to(&col, &[kv_heads, b, group])?.reshape(&[kv_heads, rows, 1])?;
+        scores = ops::concatenate(&[scores, col], 2)?;
+    }
+    let mut p = softmax2_last(&scores)?;
+    if sinks.is_some() {
+        p = p.index((.., .., ..n));
+    }
     let at = keys.shared_len as i32;
     let out = if keys.shared.is_empty() {
         None
@@ -275,8 +304,8 @@ mod tests {
             .iter()
             .map(|&n| (rand(&[1, kvh, n, hd]), rand(&[1, kvh, n, hd])))
             .collect();
-        let mask = causal_mask(t, offset, 56, Dtype::Float32).expect("mask");
-        let whole = explicit_attention(&q, &spans, 0.35, Some(&mask), group).expect("whole");
+        let mask = causal_mask(t, offset, 56, None, Dtype::Float32).expect("mask");
+        let whole = explicit_attention(&q, &spans, 0.35, Some(&mask), group, None).expect("whole");
         for piece in [7, 16, 40] {
             let pieces =
                 causal_attention(&q, &spans, 0.35, &mask, group, offset, piece).expect("pieces");

@@ -87,18 +87,17 @@ impl Backend for Cpu {
         offset: i32,
         keys: i32,
     ) -> Box<dyn ChunkAttention + '_> {
-        let mask = (t > 1 || keys > offset + t).then_some((t, offset, keys));
         Box::new(CpuChunk {
             heads,
             offset,
-            mask: LazyMask::new(mask, self.placement.dtype),
+            mask: LazyMask::of(heads, (t, offset, keys), self.placement.dtype),
         })
     }
 
     fn step_attention(&self, heads: Heads, lens: &[i32]) -> Box<dyn StepAttention + '_> {
         Box::new(CpuStep {
             heads,
-            rows: PaddedRows::new(lens, self.placement.dtype),
+            rows: PaddedRows::new(lens, self.placement.dtype).windowed(heads.window),
         })
     }
 }
@@ -114,18 +113,26 @@ struct CpuChunk {
 }
 
 impl ChunkAttention for CpuChunk {
-    fn attend(&mut self, q: &Array, spans: &[(Array, Array)]) -> Result<Array> {
+    fn attend(
+        &mut self,
+        q: &Array,
+        spans: &[(Array, Array)],
+        sinks: Option<&Array>,
+    ) -> Result<Array> {
         let h = self.heads;
         let t = q.shape()[2];
         let valid = [(self.offset + t) as usize];
         let group = h.group();
-        if let Some(out) =
-            span_attention::attend(q, &[spans.to_vec()], &valid, h.scale, group as usize)?
+        // The span kernel reads every key up to the diagonal: not for a sliding window.
+        let plain = h.window.is_some() || sinks.is_some();
+        if !plain
+            && let Some(out) =
+                span_attention::attend(q, &[spans.to_vec()], &valid, h.scale, group as usize)?
         {
             return Ok(out);
         }
         let out = match self.mask.get()? {
-            Some(mask) if t >= 2 * CAUSAL_PIECE => attention::causal_attention(
+            Some(mask) if t >= 2 * CAUSAL_PIECE && !plain => attention::causal_attention(
                 q,
                 spans,
                 h.scale,
@@ -134,7 +141,7 @@ impl ChunkAttention for CpuChunk {
                 self.offset,
                 CAUSAL_PIECE,
             )?,
-            mask => attention::explicit_attention(q, spans, h.scale, mask, group)?,
+            mask => attention::explicit_attention(q, spans, h.scale, mask, group, sinks)?,
         };
         Ok(out
             .transpose_axes(&[0, 2, 1, 3])?
@@ -151,20 +158,26 @@ struct CpuStep {
 
 impl StepAttention for CpuStep {
     fn layout(&self) -> OwnLayout {
-        if span_attention::available() {
+        if self.heads.window.is_some() || self.heads.sinks {
+            // A window masks each row's own keys, a sink adds a column: read whole, none shared.
+            OwnLayout::Padded
+        } else if span_attention::available() {
             OwnLayout::Spans
         } else {
             OwnLayout::Either
         }
     }
 
-    fn attend(&mut self, q: &Array, keys: &BatchKeys) -> Result<Array> {
+    fn attend(&mut self, q: &Array, keys: &BatchKeys, sinks: Option<&Array>) -> Result<Array> {
         let h = self.heads;
         let group = h.group();
-        if let Some(out) = span_attention::attend_batch(q, keys, h.scale, group as usize)? {
+        if h.window.is_none()
+            && sinks.is_none()
+            && let Some(out) = span_attention::attend_batch(q, keys, h.scale, group as usize)?
+        {
             return Ok(out);
         }
         self.rows.see(keys);
-        attention::batch_attention(q, keys, h.scale, self.rows.mask()?, group)
+        attention::batch_attention(q, keys, h.scale, self.rows.mask()?, group, sinks)
     }
 }

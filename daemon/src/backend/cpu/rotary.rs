@@ -34,9 +34,12 @@ impl Rotary {
     pub fn new(spec: RopeSpec) -> Rotary {
         let (head_dim, theta, traditional) = (spec.dims as usize, spec.theta, spec.traditional);
         let half = head_dim / 2;
-        let inv_freq = (0..half)
-            .map(|i| f64::from(theta).powf(-2.0 * i as f64 / head_dim as f64))
-            .collect();
+        let inv_freq = match &spec.freqs {
+            Some(f) => f.iter().map(|&x| f64::from(x)).collect(),
+            None => (0..half)
+                .map(|i| f64::from(theta).powf(-2.0 * i as f64 / head_dim as f64))
+                .collect(),
+        };
         let mut r = vec![0f32; head_dim * head_dim];
         for i in 0..half {
             let (a, b) = pair(i, half, traditional);
@@ -75,9 +78,10 @@ impl Rotary {
             vec![0f32; positions.len() * d],
             vec![0f32; positions.len() * d],
         );
+        let scale = f64::from(self.spec.scale);
         for (p, &pos) in positions.iter().enumerate() {
             for (i, f) in self.inv_freq.iter().enumerate() {
-                let (sin_a, cos_a) = (f64::from(pos) * f).sin_cos();
+                let (sin_a, cos_a) = (f64::from(pos) * scale * f).sin_cos();
                 let (a, b) = pair(i, half, self.traditional);
                 for j in [a, b] {
                     cos[p * d + j] = cos_a as f32;
@@ -137,11 +141,7 @@ mod tests {
     fn matches_mlx_rope_for_spans_and_rows_in_both_layouts() {
         let x = mlx_rs::random::normal::<f32>(&[2, 3, 5, 8], None, None, None).expect("x");
         for traditional in [false, true] {
-            let rot = Rotary::new(RopeSpec {
-                dims: 8,
-                theta: 10_000.0,
-                traditional,
-            });
+            let rot = Rotary::new(RopeSpec::plain(8, 10_000.0, traditional));
             let ours = rot.apply(&x, &rot.span(7, 5)).expect("ours");
             let theirs = fast::rope(&x, 8, traditional, 10_000.0, 1.0, 7, None).expect("mlx rope");
             assert!(

@@ -102,7 +102,7 @@ impl Backend for Cuda {
         keys: i32,
     ) -> Box<dyn ChunkAttention + '_> {
         let shape = padded::shape(t, keys);
-        let mask = if t > 1 {
+        let mask = if t > 1 || heads.window.is_some_and(|w| keys > w) {
             Some((shape.0, offset, shape.1))
         } else {
             (keys > offset + t).then_some((t, offset, keys))
@@ -111,11 +111,20 @@ impl Backend for Cuda {
             heads,
             shape,
             canonical: true,
-            mask: LazyMask::new(mask, self.placement.dtype),
+            mask: LazyMask::new(mask, self.placement.dtype).windowed(heads.window),
         })
     }
 
     fn step_attention(&self, heads: Heads, lens: &[i32]) -> Box<dyn StepAttention + '_> {
+        if heads.window.is_some() || heads.sinks {
+            // The custom kernels read every key up to the row's length and have no sink
+            // column: these run through MLX's fused attention, masked.
+            return Box::new(super::gpu::FusedStep::new(
+                heads,
+                lens,
+                self.placement.dtype,
+            ));
+        }
         Box::new(CudaStep {
             heads,
             tables: self.reads_tables(heads),
@@ -147,8 +156,13 @@ impl StepAttention for CudaStep {
         }
     }
 
-    fn attend(&mut self, q: &Array, keys: &BatchKeys) -> Result<Array> {
+    fn attend(&mut self, q: &Array, keys: &BatchKeys, sinks: Option<&Array>) -> Result<Array> {
         let h = self.heads;
+        if sinks.is_some() {
+            return Err(crate::EngineError::Internal(
+                "sinks reached the CUDA kernels' step".into(),
+            ));
+        }
         if let OwnKeys::Tables(t) = &keys.own {
             return attention::attend_tables(q, t, h.kv_heads);
         }
@@ -164,6 +178,6 @@ impl StepAttention for CudaStep {
                 return Ok(out);
             }
         }
-        fused_batch_attention(q, keys, h.scale, self.rows.mask()?, h.kv_heads)
+        fused_batch_attention(q, keys, h.scale, self.rows.mask()?, h.kv_heads, None)
     }
 }

@@ -125,8 +125,17 @@ pub fn warm(shapes: &[(i32, i32)], heads: Heads, dtype: mlx_rs::Dtype) -> Result
         let started = std::time::Instant::now();
         let q = ops::zeros_dtype(&[1, heads.heads, rows, heads.head_dim], dtype)?;
         let k = ops::zeros_dtype(&[1, heads.kv_heads, keys, heads.head_dim], dtype)?;
-        let mask = causal_mask(rows, (keys - rows).max(0), keys, dtype)?;
-        fused_attend(&q, &[(k.clone(), k)], 1.0, Some(&mask), (rows, keys), true)?.eval()?;
+        let mask = causal_mask(rows, (keys - rows).max(0), keys, None, dtype)?;
+        fused_attend(
+            &q,
+            &[(k.clone(), k)],
+            1.0,
+            Some(&mask),
+            (rows, keys),
+            true,
+            None,
+        )?
+        .eval()?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         tracing::debug!(rows, keys, ms, "attention shape built");
     }

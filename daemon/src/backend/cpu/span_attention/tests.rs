@@ -12,7 +12,7 @@ fn rand(shape: &[i32]) -> Array {
 /// MLX's attention, `[1, heads, t, hd]` turned into the kernel's `[1, t, heads * hd]`.
 fn reference(q: &Array, spans: &[(Array, Array)], mask: Option<&Array>, group: i32) -> Array {
     let s = q.shape();
-    explicit_attention(q, spans, 0.125, mask, group)
+    explicit_attention(q, spans, 0.125, mask, group, None)
         .and_then(|o| {
             Ok(o.transpose_axes(&[0, 2, 1, 3])?
                 .reshape(&[1, s[2], s[1] * s[3]])?)
@@ -53,7 +53,7 @@ fn a_prefill_chunk_matches_the_masked_attention_over_its_spans() {
     let q = rand(&[1, t, kvh * group, hd])
         .transpose_axes(&[0, 2, 1, 3])
         .expect("q");
-    let mask = causal_mask(t, offset, 96, Dtype::Float32).expect("mask");
+    let mask = causal_mask(t, offset, 96, None, Dtype::Float32).expect("mask");
     let want = reference(&q, &spans, Some(&mask), group);
     let rows = vec![spans];
     let got = attend(&q, &rows, &[(offset + t) as usize], 0.125, group as usize)

@@ -90,7 +90,7 @@ fn padding_changes_no_real_query() {
             ops::concatenate(&ks, 2).expect("k"),
             ops::concatenate(&vs, 2).expect("v"),
         );
-        let exact = causal_mask(t, offset, s, mlx_rs::Dtype::Float32).expect("mask");
+        let exact = causal_mask(t, offset, s, None, mlx_rs::Dtype::Float32).expect("mask");
         let want = fast::scaled_dot_product_attention(
             &q,
             &k,
@@ -101,8 +101,9 @@ fn padding_changes_no_real_query() {
         )
         .expect("want");
         let (tp, sp) = shape(t, s);
-        let padded_mask = causal_mask(tp, offset, sp, mlx_rs::Dtype::Float32).expect("mask");
-        let got = fused_attend(&q, &spans, 0.3, Some(&padded_mask), (tp, sp), true).expect("got");
+        let padded_mask = causal_mask(tp, offset, sp, None, mlx_rs::Dtype::Float32).expect("mask");
+        let got =
+            fused_attend(&q, &spans, 0.3, Some(&padded_mask), (tp, sp), true, None).expect("got");
         assert_eq!(got.shape(), want.shape());
         let diff = ops::abs(ops::subtract(&got, &want).expect("d"))
             .expect("abs")

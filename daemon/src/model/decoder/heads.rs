@@ -1,9 +1,9 @@
 //! A layer's attention inputs: q, k and v projected from the normed residual, split into heads,
-//! normed (Qwen3) and rotated (RoPE).
+//! normed (Qwen3, Gemma) and rotated (RoPE).
 
 use mlx_rs::{Array, fast};
 
-use super::{Layer, Llama};
+use super::{Decoder, Layer};
 use crate::Result;
 use crate::backend::Rotate;
 
@@ -28,7 +28,7 @@ impl Projected {
     }
 }
 
-impl Llama {
+impl Decoder {
     /// q, k and v of the normed residual `h`.
     pub(super) fn project(&self, layer: &Layer, h: &Array) -> Result<Projected> {
         let (parts, qk) = layer.qkv.forward_leading(h, 2)?;
@@ -50,7 +50,7 @@ impl Llama {
         rope: &dyn Rotate,
     ) -> Result<(Array, Array, Array)> {
         let (b, t) = (p.q.shape()[0], p.q.shape()[1]);
-        let h = self.heads;
+        let h = self.kinds[layer.kind].heads;
         let split = |x: &Array, n: i32| -> Result<Array> {
             Ok(x.reshape(&[b, t, n, h.head_dim])?
                 .transpose_axes(&[0, 2, 1, 3])?)

@@ -9,12 +9,12 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, fast, ops};
 
-use super::Llama;
+use super::Decoder;
 use crate::Result;
 use crate::backend::{ChunkAttention, Positions, Rotate};
 use crate::kv::ChunksKv;
 
-impl Llama {
+impl Decoder {
     /// See [`crate::model::Architecture::forward_packed`].
     pub(super) fn prefill(&self, tokens: &[&[u32]], kv: &mut dyn ChunksKv) -> Result<Array> {
         let c = &self.config;
@@ -31,24 +31,29 @@ impl Llama {
         let rows = self.backend.prefill_rows(total);
         let mut ids: Vec<u32> = tokens.iter().flat_map(|t| t.iter().copied()).collect();
         ids.resize(rows as usize, 0);
-        let mut x = self
-            .embed
-            .take_axis(Array::from_slice(&ids, &[rows]), 0)?
-            .reshape(&[1, rows, c.hidden as i32])?;
-        let mut ropes: Vec<Box<dyn Rotate>> = Vec::with_capacity(tokens.len());
+        let mut x = self.embed(
+            &Array::from_slice(&ids, &[rows]),
+            &[1, rows, c.hidden as i32],
+        )?;
+        // Each chunk's rotation per kind of layer.
+        let mut ropes: Vec<Vec<Box<dyn Rotate>>> = Vec::with_capacity(tokens.len());
         for (t, &start) in tokens.iter().zip(&offsets) {
             let at = Positions::Span {
                 start,
                 t: t.len() as i32,
             };
-            ropes.push(self.backend.rope(&self.rope, at)?);
+            let per_kind = self.kinds.iter().map(|k| self.backend.rope(&k.rope, at));
+            ropes.push(per_kind.collect::<Result<_>>()?);
         }
-        // Each chunk's attention, made at the first layer (when its keys are known) and kept
-        // for the others: what every layer shares, its mask, is built once.
-        let mut attention: Vec<Option<Box<dyn ChunkAttention + '_>>> =
-            tokens.iter().map(|_| None).collect();
+        // Each chunk's attention per kind of layer, made at the first layer of the kind (when
+        // its keys are known) and kept for the others: what they share, the mask, is built once.
+        let mut attention: Vec<Vec<Option<Box<dyn ChunkAttention + '_>>>> = tokens
+            .iter()
+            .map(|_| self.kinds.iter().map(|_| None).collect())
+            .collect();
         let whole = tokens.len() == 1 && rows == total;
         for (l, layer) in self.layers.iter().enumerate() {
+            let heads = self.kinds[layer.kind].heads;
             let h = fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let projected = self.project(layer, &h)?;
             let mut outs = Vec::with_capacity(tokens.len() + 1);
@@ -61,16 +66,17 @@ impl Llama {
                         y.index((.., a..a + t))
                     }
                 };
-                let (qi, ki, vi) = self.heads(layer, projected.map(rows_of), &*ropes[i])?;
+                let rope = &*ropes[i][layer.kind];
+                let (qi, ki, vi) = self.heads(layer, projected.map(rows_of), rope)?;
                 let spans = kv.append(i, l, ki, vi)?;
-                let att = attention[i].get_or_insert_with(|| {
+                let att = attention[i][layer.kind].get_or_insert_with(|| {
                     let keys: i32 = spans.iter().map(|(k, _)| k.shape()[2]).sum();
-                    self.backend.chunk_attention(self.heads, t, offset, keys)
+                    self.backend.chunk_attention(heads, t, offset, keys)
                 });
-                outs.push(att.attend(&qi, &spans)?);
+                outs.push(att.attend(&qi, &spans, layer.sinks.as_ref())?);
             }
             if rows > total {
-                let width = self.heads.heads * self.heads.head_dim;
+                let width = heads.heads * heads.head_dim;
                 let dtype = self.backend.placement().dtype;
                 outs.push(ops::zeros_dtype(&[1, rows - total, width], dtype)?);
             }
@@ -79,8 +85,7 @@ impl Llama {
             } else {
                 ops::concatenate(&outs, 1)?
             };
-            x = layer.o.forward_add(&out, &x)?;
-            x = self.mlp_add(layer, &x)?;
+            x = self.rest(layer, &x, &out)?;
         }
         for (i, t) in tokens.iter().enumerate() {
             kv.commit(i, t.len());

@@ -5,32 +5,33 @@
 
 use mlx_rs::Array;
 
-use super::Llama;
+use super::Decoder;
 use crate::Result;
 use crate::backend::Positions;
 use crate::kv::BatchKv;
 
-impl Llama {
+impl Decoder {
     /// See [`crate::model::Architecture::forward_step`].
     pub(super) fn step(&self, ids: &Array, kv: &mut dyn BatchKv) -> Result<Array> {
         let c = &self.config;
         let b = ids.shape()[0];
         let lens: Vec<i32> = kv.lens().into_iter().map(|l| l as i32).collect();
-        let rope = self.backend.rope(&self.rope, Positions::PerRow(&lens))?;
-        let mut attention = self.backend.step_attention(self.heads, &lens);
-        let layout = attention.layout();
-        let mut x = self
-            .embed
-            .take_axis(ids, 0)?
-            .reshape(&[b, 1, c.hidden as i32])?;
+        let at = Positions::PerRow(&lens);
+        let ropes = (self.kinds.iter())
+            .map(|k| self.backend.rope(&k.rope, at))
+            .collect::<Result<Vec<_>>>()?;
+        let mut attention: Vec<_> = (self.kinds.iter())
+            .map(|k| self.backend.step_attention(k.heads, &lens))
+            .collect();
+        let mut x = self.embed(ids, &[b, 1, c.hidden as i32])?;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = mlx_rs::fast::rms_norm(&x, Some(&layer.attn_norm), c.rms_eps)?;
             let p = self.project(layer, &h)?;
-            let (q, k, v) = self.heads(layer, p, &*rope)?;
-            let keys = kv.append_all(i, k, v, layout)?;
-            let out = attention.attend(&q, &keys)?;
-            x = layer.o.forward_add(&out, &x)?;
-            x = self.mlp_add(layer, &x)?;
+            let (q, k, v) = self.heads(layer, p, &*ropes[layer.kind])?;
+            let attention = &mut attention[layer.kind];
+            let keys = kv.append_all(i, k, v, attention.layout())?;
+            let out = attention.attend(&q, &keys, layer.sinks.as_ref())?;
+            x = self.rest(layer, &x, &out)?;
         }
         kv.commit();
         Ok(self.logits(&x)?.reshape(&[b, c.vocab as i32])?)
