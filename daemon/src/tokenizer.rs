@@ -218,6 +218,11 @@ fn stop_ids(tk: &Tokenizer, eos: Vec<u32>) -> Vec<u32> {
         "<|end_of_text|>",
         "<|endoftext|>",
         "</s>",
+        // Harmony (gpt-oss): the end of an answer, and of a tool call.
+        "<|return|>",
+        "<|call|>",
+        // Gemma.
+        "<end_of_turn>",
     ] {
         if let Some(id) = tk.token_to_id(name)
             && special.get(&id).is_some_and(|t| t.special)

@@ -5,7 +5,7 @@
 
 use crate::anthropic::request::MessagesRequest;
 use crate::body::{RequestBody, parse};
-use crate::chat::reply::{Part, ReplyParser};
+use crate::chat::reply::{Part, Reasoning, ReplyParser};
 use crate::chat::tool_formats::FORMATS;
 use crate::openai::request::{ChatRequest, CompletionRequest};
 use crate::responses::request::ResponsesRequest;
@@ -83,14 +83,16 @@ pub fn replies(data: &[u8]) {
         parts
     };
     for format in FORMATS {
-        feed(ReplyParser::new(
-            Some((format, Vec::new())),
-            true,
-            false,
-            "call",
-        ));
+        for reasoning in [Reasoning::THINK, Reasoning::HARMONY] {
+            feed(ReplyParser::new(
+                Some((format, Vec::new())),
+                Some(reasoning),
+                false,
+                "call",
+            ));
+        }
     }
-    let plain: String = feed(ReplyParser::new(None, false, false, "call"))
+    let plain: String = feed(ReplyParser::new(None, None, false, "call"))
         .into_iter()
         .map(|p| match p {
             Part::Text(t) => t,

@@ -11,7 +11,7 @@ use mlxcel_grammar::Grammar;
 use mlxcel_ipc::proto::daemon::Pin;
 use serde_json::{Map, Value, json};
 
-use super::reply::ReplyParser;
+use super::reply::{Reasoning, ReplyParser};
 use super::tool_formats::{GENERIC, ToolFormat};
 use super::{Conversation, OutputFormat, Role, Thinking, Tool, ToolChoice};
 use crate::error::ApiError;
@@ -36,7 +36,8 @@ pub struct Rendered {
 #[derive(Debug, Clone)]
 pub struct ReplySetup {
     pub tools: Option<(&'static ToolFormat, Vec<Tool>)>,
-    pub split_reasoning: bool,
+    /// How reasoning is split from the text (None: it stays in the text).
+    pub reasoning: Option<Reasoning>,
     /// The prompt ends inside reasoning (the template opened `<think>`).
     pub thinking: bool,
 }
@@ -46,19 +47,14 @@ impl ReplySetup {
     pub fn text() -> Self {
         Self {
             tools: None,
-            split_reasoning: false,
+            reasoning: None,
             thinking: false,
         }
     }
 
     /// A parser for the answer; tool calls get ids starting with `id_prefix`.
     pub fn parser(&self, id_prefix: &'static str) -> ReplyParser {
-        ReplyParser::new(
-            self.tools.clone(),
-            self.split_reasoning,
-            self.thinking,
-            id_prefix,
-        )
+        ReplyParser::new(self.tools.clone(), self.reasoning, self.thinking, id_prefix)
     }
 }
 
@@ -111,7 +107,7 @@ pub fn render(
     if let Some(g) = &grammar {
         check(model, g, conv)?;
     }
-    let thinks = model.abilities.thinks;
+    let reasoning = model.abilities.reasoning;
     Ok(Rendered {
         prompt,
         grammar,
@@ -120,8 +116,10 @@ pub fn render(
             tools: prepared
                 .wants_tools
                 .then(|| (prepared.format, conv.tools.clone())),
-            split_reasoning: thinks && !reasoning_inline,
-            thinking: thinks && !constrained(conv) && text.trim_end().ends_with("<think>"),
+            reasoning: reasoning.filter(|_| !reasoning_inline),
+            thinking: reasoning.is_some_and(|r| {
+                !reasoning_inline && !constrained(conv) && text.trim_end().ends_with(r.open)
+            }),
         },
     })
 }
@@ -179,7 +177,12 @@ fn prepare<'a>(
         conv,
         messages,
         index,
-        ctx: context(conv, native.is_some(), abilities.thinks, constrained(conv)),
+        ctx: context(
+            conv,
+            native.is_some(),
+            abilities.reasoning.is_some(),
+            constrained(conv),
+        ),
         format,
         wants_tools,
     })

@@ -1,5 +1,6 @@
-//! An answer as it streams, split into what each API reports apart: reasoning (`<think>…</think>`),
-//! text, and tool calls (in the model's [`ToolFormat`]). Text that may be the start of a marker
+//! An answer as it streams, split into what each API reports apart: reasoning (`<think>…</think>`,
+//! or harmony's analysis channel: [`Reasoning`]), text, and tool calls (in the model's
+//! [`ToolFormat`]). Text that may be the start of a marker
 //! is held back until the next piece decides; a call is held until it is complete. A call that
 //! does not parse is text, never lost.
 
@@ -15,9 +16,57 @@ pub enum Part {
     Call(ToolCall),
 }
 
-/// Where reasoning starts and ends in an answer.
-const THINK_OPEN: &str = "<think>";
-const THINK_CLOSE: &str = "</think>";
+/// Where a family's reasoning starts and ends in an answer, and the headers between an
+/// answer's messages that are no part of its text.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reasoning {
+    pub open: &'static str,
+    pub close: &'static str,
+    pub elide: &'static [&'static str],
+}
+
+impl Reasoning {
+    /// `<think>…</think>` (Qwen3, DeepSeek-R1 and others).
+    pub const THINK: Reasoning = Reasoning {
+        open: "<think>",
+        close: "</think>",
+        elide: &[],
+    };
+    /// Harmony (gpt-oss): the `analysis` channel is reasoning; the `final` channel's message,
+    /// and the `commentary` channel's to the user, are the text.
+    pub const HARMONY: Reasoning = Reasoning {
+        open: "<|channel|>analysis<|message|>",
+        close: "<|end|>",
+        elide: &[
+            "<|start|>assistant",
+            "<|channel|>final<|message|>",
+            "<|channel|>commentary<|message|>",
+            "<|channel|>commentary ",
+            "<|end|>",
+            "<|return|>",
+        ],
+    };
+
+    /// The reasoning a chat template's source writes.
+    pub fn of_template(source: &str) -> Option<Reasoning> {
+        if source.contains("<|channel|>") {
+            Some(Reasoning::HARMONY)
+        } else if source.contains("<think>") {
+            Some(Reasoning::THINK)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a marker in an answer starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Marker {
+    Reasoning,
+    Call,
+    /// Nothing: it is dropped.
+    Elided,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 enum State {
@@ -31,8 +80,8 @@ enum State {
 pub struct ReplyParser {
     /// The format calls come in, and the request's tools (none: calls are not looked for).
     tools: Option<(&'static ToolFormat, Vec<Tool>)>,
-    /// Whether `<think>` opens reasoning (false: it stays in the text).
-    split_reasoning: bool,
+    /// How reasoning is marked, where it is split from the text (None: it stays in the text).
+    reasoning: Option<Reasoning>,
     state: State,
     held: String,
     /// Nothing but blanks in the answer so far.
@@ -45,18 +94,19 @@ pub struct ReplyParser {
 }
 
 impl ReplyParser {
-    /// A parser for an answer whose calls come as `tools` says; `thinking` when the prompt
-    /// ends inside reasoning (the template opened `<think>`).
+    /// A parser for an answer whose calls come as `tools` says and whose reasoning is split
+    /// as `reasoning` marks it; `thinking` when the prompt ends inside reasoning (the template
+    /// opened `<think>`).
     pub fn new(
         tools: Option<(&'static ToolFormat, Vec<Tool>)>,
-        split_reasoning: bool,
+        reasoning: Option<Reasoning>,
         thinking: bool,
         id_prefix: &'static str,
     ) -> Self {
         Self {
             tools,
-            split_reasoning,
-            state: if thinking && split_reasoning {
+            reasoning,
+            state: if thinking && reasoning.is_some() {
                 State::Thinking
             } else {
                 State::Answer
@@ -103,9 +153,10 @@ impl ReplyParser {
             State::Thinking => out.push(Part::Reasoning(rest)),
             State::Call(body) => {
                 let body = body + &rest;
+                // A call whose close is the answer's end (harmony's `<|call|>` stops it) or
+                // is missing reads as a call when it parses, else as text.
                 match self.tools.as_ref() {
-                    Some((f, _)) if f.close.is_none() => self.calls_or_text(&body, "", &mut out),
-                    Some((f, _)) => out.push(Part::Text(format!("{}{body}", f.open))),
+                    Some(_) => self.calls_or_text(&body, "", &mut out),
                     None => out.push(Part::Text(body)),
                 }
             }
@@ -117,14 +168,15 @@ impl ReplyParser {
     }
 
     fn think(&mut self, out: &mut Vec<Part>) -> bool {
-        if let Some(at) = self.held.find(THINK_CLOSE) {
+        let close = self.reasoning.map_or(Reasoning::THINK.close, |r| r.close);
+        if let Some(at) = self.held.find(close) {
             out.push(Part::Reasoning(self.held[..at].to_string()));
-            self.held.drain(..at + THINK_CLOSE.len());
+            self.held.drain(..at + close.len());
             self.after_reasoning = true;
             self.state = State::Answer;
             return true;
         }
-        let keep = partial_suffix(&self.held, THINK_CLOSE);
+        let keep = partial_suffix(&self.held, close);
         let cut = self.held.len() - keep;
         if cut > 0 {
             out.push(Part::Reasoning(self.held[..cut].to_string()));
@@ -144,40 +196,41 @@ impl ReplyParser {
             self.after_reasoning = false;
         }
         let lead = self.held.len() - self.held.trim_start().len();
-        let mut markers: Vec<(&'static str, bool)> = Vec::new();
-        if self.split_reasoning && self.at_start {
-            markers.push((THINK_OPEN, true));
+        let mut markers: Vec<(&'static str, Marker)> = Vec::new();
+        if let Some(r) = self.reasoning {
+            if self.at_start {
+                markers.push((r.open, Marker::Reasoning));
+            }
+            markers.extend(r.elide.iter().map(|&m| (m, Marker::Elided)));
         }
         if let Some((f, _)) = &self.tools
             && (!f.open_at_start || self.at_start)
         {
-            markers.push((f.open, false));
+            markers.push((f.open, Marker::Call));
         }
+        // The first marker in the text (the longest of those starting there).
         let found = markers
             .iter()
-            .filter_map(|&(m, think)| {
+            .filter_map(|&(m, kind)| {
                 let at = self.held.find(m)?;
                 // A marker that counts only at the start must come before any text.
-                let ok = !(think
-                    || self
-                        .tools
-                        .as_ref()
-                        .is_some_and(|(f, _)| f.open == m && f.open_at_start))
-                    || at == lead;
-                ok.then_some((at, m, think))
+                let at_start_only = kind == Marker::Reasoning
+                    || (kind == Marker::Call
+                        && self.tools.as_ref().is_some_and(|(f, _)| f.open_at_start));
+                (!at_start_only || at == lead).then_some((at, m, kind))
             })
-            .min_by_key(|(at, _, _)| *at);
-        if let Some((at, marker, think)) = found {
+            .min_by_key(|(at, m, _)| (*at, std::cmp::Reverse(m.len())));
+        if let Some((at, marker, kind)) = found {
             if self.held[..at].trim().is_empty() {
                 self.held.drain(..at);
             } else {
                 self.emit_text(at, out);
             }
             self.held.drain(..marker.len());
-            self.state = if think {
-                State::Thinking
-            } else {
-                State::Call(String::new())
+            self.state = match kind {
+                Marker::Reasoning => State::Thinking,
+                Marker::Call => State::Call(String::new()),
+                Marker::Elided => State::Answer,
             };
             return true;
         }

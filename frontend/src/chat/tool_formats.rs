@@ -9,12 +9,17 @@
 //! | `hermes` (Qwen2.5, Qwen3, Hermes; our generic format) | `<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>` |
 //! | `mistral` | `[TOOL_CALLS][{"name": NAME, "arguments": {...}}]`, or `[TOOL_CALLS]NAME[ARGS]{...}` |
 //! | `llama3-json` | the whole answer `{"name": NAME, "parameters": {...}}` (after `<|python_tag|>` or not) |
+//! | `harmony` (gpt-oss) | `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>` |
+//!
+//! Harmony's other channels (its reasoning, `analysis`, and the answer's `final`) are
+//! [`super::reply::Reasoning::HARMONY`]'s.
 
 use serde_json::{Map, Value, json};
 
 use super::grammar::{lark_json, lark_string};
 use super::{Tool, ToolCall};
 use crate::text::template::python_json;
+use read::{harmony_calls, json_calls, mistral_calls, xml_calls};
 
 /// A call read from an answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +59,7 @@ impl std::fmt::Debug for ToolFormat {
 type Literal<'a> = dyn Fn(&str) -> String + 'a;
 
 /// Every format, most specific first.
-pub const FORMATS: &[ToolFormat] = &[QWEN3_XML, HERMES, MISTRAL, LLAMA3_JSON];
+pub const FORMATS: &[ToolFormat] = &[HARMONY, QWEN3_XML, HERMES, MISTRAL, LLAMA3_JSON];
 
 /// The format for templates without tool support (calls are forced and written in content).
 pub const GENERIC: &ToolFormat = &HERMES;
@@ -189,6 +194,40 @@ const MISTRAL: ToolFormat = ToolFormat {
     },
 };
 
+const HARMONY: ToolFormat = ToolFormat {
+    name: "harmony",
+    detect: |t| t.contains("<|channel|>") && t.contains("to=functions."),
+    // The recipient, wherever the header puts it (before or after the channel).
+    open: "to=functions.",
+    open_at_start: false,
+    close: Some("<|call|>"),
+    parse: harmony_calls,
+    grammar: |tools, _, lit| {
+        // A harmony answer ends at its call: one call.
+        let calls: Vec<String> = tools
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {} {} \"json\" {} {}",
+                    lit("<|channel|>"),
+                    lark_string(&format!("commentary to=functions.{} ", t.name)),
+                    lit("<|constrain|>"),
+                    lit("<|message|>"),
+                    lark_json(&t.parameters)
+                )
+            })
+            .collect();
+        format!("start: ({}) {}\n", calls.join(" | "), lit("<|call|>"))
+    },
+    write: |c| {
+        format!(
+            "<|start|>assistant<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>",
+            c.name,
+            arguments_text(c)
+        )
+    },
+};
+
 const LLAMA3_JSON: ToolFormat = ToolFormat {
     name: "llama3-json",
     detect: |t| {
@@ -259,104 +298,6 @@ fn arguments_text(c: &ToolCall) -> String {
     }
 }
 
-/// Calls written as JSON objects `{"name": ..., key: {...}}` (one, or a list).
-fn json_calls(body: &str, key: &str) -> Result<Vec<ParsedCall>, String> {
-    let value: Value =
-        serde_json::from_str(body.trim()).map_err(|e| format!("the call is not JSON: {e}"))?;
-    let items = match value {
-        Value::Array(items) => items,
-        one => vec![one],
-    };
-    items.iter().map(|v| json_call(v, key)).collect()
-}
-
-fn json_call(v: &Value, key: &str) -> Result<ParsedCall, String> {
-    let name = v["name"]
-        .as_str()
-        .ok_or("the call has no string `name`")?
-        .to_string();
-    let args = match v
-        .get(key)
-        .or_else(|| v.get("arguments"))
-        .or_else(|| v.get("parameters"))
-    {
-        Some(Value::String(s)) => serde_json::from_str::<Value>(s)
-            .map_err(|e| format!("the arguments of `{name}` are not JSON: {e}"))?,
-        Some(a) => a.clone(),
-        None => json!({}),
-    };
-    if !args.is_object() {
-        return Err(format!("the arguments of `{name}` are not an object"));
-    }
-    Ok(ParsedCall {
-        name,
-        arguments: args.to_string(),
-    })
-}
-
-/// `[{"name":..,"arguments":..}]`, or `NAME[ARGS]{...}` repeated.
-fn mistral_calls(body: &str, _: &[Tool]) -> Result<Vec<ParsedCall>, String> {
-    let body = body.trim();
-    if body.starts_with('[') || body.starts_with('{') {
-        return json_calls(body, "arguments");
-    }
-    let mut calls = Vec::new();
-    for part in body.split("[TOOL_CALLS]").filter(|p| !p.trim().is_empty()) {
-        let (name, args) = part
-            .split_once("[ARGS]")
-            .ok_or("no `[ARGS]` after the name")?;
-        let args: Value = serde_json::from_str(args.trim())
-            .map_err(|e| format!("the arguments of `{}` are not JSON: {e}", name.trim()))?;
-        calls.push(ParsedCall {
-            name: name.trim().to_string(),
-            arguments: args.to_string(),
-        });
-    }
-    Ok(calls)
-}
-
-/// `<function=NAME>` with `<parameter=P>VALUE</parameter>` children; values become JSON as
-/// the tool's schema types them (text stays a string).
-fn xml_calls(body: &str, tools: &[Tool]) -> Result<Vec<ParsedCall>, String> {
-    let mut calls = Vec::new();
-    let mut rest = body;
-    while let Some(at) = rest.find("<function=") {
-        let after = &rest[at + "<function=".len()..];
-        let (name, after) = after.split_once('>').ok_or("an unclosed `<function=`")?;
-        let (inner, after) = after.split_once("</function>").ok_or("no `</function>`")?;
-        let schema = tools
-            .iter()
-            .find(|t| t.name == name.trim())
-            .map(|t| &t.parameters);
-        let mut args = Map::new();
-        let mut params = inner;
-        while let Some(p) = params.find("<parameter=") {
-            let after_p = &params[p + "<parameter=".len()..];
-            let (key, after_key) = after_p.split_once('>').ok_or("an unclosed `<parameter=`")?;
-            let (raw, after_value) = after_key
-                .split_once("</parameter>")
-                .ok_or("no `</parameter>`")?;
-            let raw = raw.strip_prefix('\n').unwrap_or(raw);
-            let raw = raw.strip_suffix('\n').unwrap_or(raw);
-            let kind = schema.and_then(|s| s["properties"][key]["type"].as_str());
-            let value = match kind {
-                Some("string") => Value::from(raw),
-                _ => serde_json::from_str(raw).unwrap_or_else(|_| Value::from(raw)),
-            };
-            args.insert(key.to_string(), value);
-            params = after_value;
-        }
-        calls.push(ParsedCall {
-            name: name.trim().to_string(),
-            arguments: Value::Object(args).to_string(),
-        });
-        rest = after;
-    }
-    if calls.is_empty() {
-        return Err("no `<function=` in the call".into());
-    }
-    Ok(calls)
-}
-
+mod read;
 #[cfg(test)]
 mod tests;

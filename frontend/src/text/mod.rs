@@ -13,6 +13,7 @@ use mlxcel_grammar::Grammars;
 use mlxcel_ipc::proto::daemon::{ModelInfo, SamplingDefaults};
 use tokenizers::Tokenizer;
 
+use crate::chat::reply::Reasoning;
 use crate::chat::tool_formats::ToolFormat;
 use template::{ChatTemplate, TemplateMessage};
 
@@ -42,8 +43,8 @@ pub struct ModelText {
 pub struct TemplateAbilities {
     /// It renders `tools` (and earlier calls and results), in this format.
     pub tool_format: Option<&'static ToolFormat>,
-    /// It thinks in `<think>…</think>` (Qwen3 and others).
-    pub thinks: bool,
+    /// It thinks before it answers, marked so (Qwen3's `<think>`, harmony's analysis).
+    pub reasoning: Option<Reasoning>,
 }
 
 impl TemplateAbilities {
@@ -53,7 +54,7 @@ impl TemplateAbilities {
             tool_format: renders_tools
                 .then(|| ToolFormat::of_template(source))
                 .flatten(),
-            thinks: source.contains("<think>"),
+            reasoning: Reasoning::of_template(source),
         }
     }
 }
@@ -167,16 +168,23 @@ fn special_id(tokenizer: &Tokenizer, text: &str) -> Option<u32> {
         .map(|(id, _)| id)
 }
 
-/// The special tokens among the reply parser's markers.
+/// The special tokens the reply parser's markers are written with (`<think>`, `[TOOL_CALLS]`,
+/// harmony's `<|channel|>` and `<|message|>`).
 fn kept_specials(tokenizer: &Tokenizer, abilities: &TemplateAbilities) -> HashMap<u32, String> {
-    let mut markers = vec!["<think>", "</think>"];
+    let mut markers = vec!["[ARGS]"];
+    if let Some(r) = abilities.reasoning {
+        markers.extend([r.open, r.close]);
+        markers.extend(r.elide);
+    }
     if let Some(f) = abilities.tool_format {
         markers.push(f.open);
         markers.extend(f.close);
     }
-    markers.push("[ARGS]");
-    markers
+    tokenizer
+        .get_added_tokens_decoder()
         .into_iter()
-        .filter_map(|m| special_id(tokenizer, m).map(|id| (id, m.to_string())))
+        .filter(|(_, t)| t.special && t.content.len() > 1)
+        .filter(|(_, t)| markers.iter().any(|m| m.contains(t.content.as_str())))
+        .map(|(id, t)| (id, t.content))
         .collect()
 }

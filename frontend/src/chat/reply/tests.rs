@@ -29,7 +29,7 @@ fn tools(name: &str) -> Option<(&'static ToolFormat, Vec<Tool>)> {
 
 #[test]
 fn reasoning_is_split_from_the_answer_across_pieces() {
-    let p = ReplyParser::new(None, true, true, "call");
+    let p = ReplyParser::new(None, Some(Reasoning::THINK), true, "call");
     let parts = run(
         p,
         &["I sh", "ould think", "</th", "ink>\n\nThe answer", " is 4."],
@@ -42,7 +42,7 @@ fn reasoning_is_split_from_the_answer_across_pieces() {
         ]
     );
     // A model that opens its reasoning itself; a `<think>` later in the text stays text.
-    let p = ReplyParser::new(None, true, false, "call");
+    let p = ReplyParser::new(None, Some(Reasoning::THINK), false, "call");
     let parts = run(p, &["<think>", "hmm</think>ok <think>"]);
     assert_eq!(
         parts,
@@ -52,7 +52,7 @@ fn reasoning_is_split_from_the_answer_across_pieces() {
         ]
     );
     // Inline: nothing is split.
-    let p = ReplyParser::new(None, false, false, "call");
+    let p = ReplyParser::new(None, None, false, "call");
     assert_eq!(
         run(p, &["<think>a</think>b"]),
         vec![Part::Text("<think>a</think>b".into())]
@@ -61,7 +61,7 @@ fn reasoning_is_split_from_the_answer_across_pieces() {
 
 #[test]
 fn hermes_calls_are_found_across_pieces_and_blanks_between_them_dropped() {
-    let p = ReplyParser::new(tools("hermes"), false, false, "call");
+    let p = ReplyParser::new(tools("hermes"), None, false, "call");
     let parts = run(
         p,
         &[
@@ -87,7 +87,7 @@ fn hermes_calls_are_found_across_pieces_and_blanks_between_them_dropped() {
 
 #[test]
 fn text_before_a_call_is_text_and_a_broken_call_is_never_lost() {
-    let p = ReplyParser::new(tools("hermes"), false, false, "toolu");
+    let p = ReplyParser::new(tools("hermes"), None, false, "toolu");
     let parts = run(p, &["Let me check.\n<tool_call>\n{oops}\n</tool_call>"]);
     assert_eq!(
         parts,
@@ -96,7 +96,7 @@ fn text_before_a_call_is_text_and_a_broken_call_is_never_lost() {
         )]
     );
     // Cut off by the token limit inside a call: the text comes back.
-    let p = ReplyParser::new(tools("hermes"), false, false, "call");
+    let p = ReplyParser::new(tools("hermes"), None, false, "call");
     assert_eq!(
         run(p, &["<tool_call>\n{\"name\": \"a\""]),
         vec![Part::Text("<tool_call>\n{\"name\": \"a\"".into())]
@@ -105,7 +105,7 @@ fn text_before_a_call_is_text_and_a_broken_call_is_never_lost() {
 
 #[test]
 fn formats_without_a_closing_marker_run_to_the_end() {
-    let p = ReplyParser::new(tools("llama3-json"), false, false, "call");
+    let p = ReplyParser::new(tools("llama3-json"), None, false, "call");
     let parts = run(
         p,
         &["  {\"name\": \"a\", ", "\"parameters\": {\"q\": \"x\"}}"],
@@ -115,9 +115,9 @@ fn formats_without_a_closing_marker_run_to_the_end() {
         "{parts:?}"
     );
     // Only at the start: a brace later in prose is text.
-    let p = ReplyParser::new(tools("llama3-json"), false, false, "call");
+    let p = ReplyParser::new(tools("llama3-json"), None, false, "call");
     assert_eq!(run(p, &["Use {x}."]), vec![Part::Text("Use {x}.".into())]);
-    let p = ReplyParser::new(tools("mistral"), false, false, "call");
+    let p = ReplyParser::new(tools("mistral"), None, false, "call");
     let parts = run(p, &["[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]"]);
     assert!(
         matches!(&parts[..], [Part::Call(c)] if c.name == "a"),
@@ -130,4 +130,57 @@ fn partial_suffixes_respect_character_boundaries() {
     assert_eq!(partial_suffix("abc<tool", "<tool_call>"), 5);
     assert_eq!(partial_suffix("é", "<think>"), 0);
     assert_eq!(partial_suffix("x</thin", "</think>"), 6);
+}
+
+#[test]
+fn harmony_channels_split_into_reasoning_text_and_calls() {
+    let harmony = Some(Reasoning::HARMONY);
+    // Reasoning, then the final channel's answer (split anywhere, markers included).
+    let answer = "<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant\
+                  <|channel|>final<|message|>Hello there!<|return|>";
+    for cut in [1, 5, 9, 13] {
+        let pieces: Vec<String> = answer
+            .chars()
+            .collect::<Vec<_>>()
+            .chunks(cut)
+            .map(|c| c.iter().collect())
+            .collect();
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let p = ReplyParser::new(tools("harmony"), harmony, false, "call");
+        assert_eq!(
+            run(p, &refs),
+            vec![
+                Part::Reasoning("The user greets.".into()),
+                Part::Text("Hello there!".into())
+            ],
+            "pieces of {cut}"
+        );
+    }
+    // Reasoning, then a call whose `<|call|>` stopped the answer (not in the text) ...
+    let call = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant\
+                <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                {\"city\":\"Tokyo\"}";
+    let parts = run(
+        ReplyParser::new(tools("harmony"), harmony, false, "call"),
+        &[call],
+    );
+    assert_eq!(parts[0], Part::Reasoning("Need the weather.".into()));
+    match &parts[1..] {
+        [Part::Call(c)] => assert_eq!(
+            (c.name.as_str(), c.arguments.as_str()),
+            ("get_weather", "{\"city\":\"Tokyo\"}")
+        ),
+        other => panic!("{other:?}"),
+    }
+    // ... or with the recipient before the channel, and the close kept.
+    let call = "<|start|>assistant to=functions.get_weather<|channel|>commentary json\
+                <|message|>{\"city\":\"Oslo\"}<|call|>";
+    let parts = run(
+        ReplyParser::new(tools("harmony"), harmony, false, "call"),
+        &[call],
+    );
+    match &parts[..] {
+        [Part::Call(c)] => assert_eq!(c.arguments, "{\"city\":\"Oslo\"}"),
+        other => panic!("{other:?}"),
+    }
 }

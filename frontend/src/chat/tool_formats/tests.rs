@@ -26,6 +26,10 @@ fn templates_are_recognized_by_what_they_write() {
         of("<|start_header_id|>ipython \"parameters\""),
         Some("llama3-json")
     );
+    assert_eq!(
+        of("<|start|>assistant to=functions.{{ name }}<|channel|>commentary"),
+        Some("harmony")
+    );
     assert_eq!(of("{{ messages }}"), None);
 }
 
@@ -64,6 +68,16 @@ fn each_format_reads_its_calls() {
         &[],
     );
     assert_eq!(llama, Ok(vec![call("get_weather", "{\"city\":\"Rome\"}")]));
+    let harmony = HARMONY.parse(
+        "get_weather <|constrain|>json<|message|>{\"city\": \"Lima\"}",
+        &[],
+    );
+    assert_eq!(
+        harmony,
+        Ok(vec![call("get_weather", "{\"city\":\"Lima\"}")])
+    );
+    assert!(HARMONY.parse(" <|message|>{}", &[]).is_err());
+    assert!(HARMONY.parse("f <|message|>[1]", &[]).is_err());
     assert!(HERMES.parse("{\"name\": 3}", &[]).is_err());
     assert!(HERMES.parse("not json", &[]).is_err());
 }
@@ -84,6 +98,11 @@ fn calls_are_written_back_as_the_format_writes_them() {
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
          <parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
     );
+    assert_eq!(
+        HARMONY.write(std::slice::from_ref(&c)),
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json\
+         <|message|>{\"city\": \"Paris\", \"days\": 2}<|call|>"
+    );
 }
 
 #[test]
@@ -98,6 +117,12 @@ fn forced_call_grammars_name_every_tool_and_repeat_only_when_parallel() {
     );
     let many = HERMES.grammar(&[&w], true, &lit);
     assert!(many.contains("(\"\\n\" call)*"), "{many}");
+    let harmony = HARMONY.grammar(&[&w], true, &lit);
+    assert!(
+        harmony.contains("commentary to=functions.get_weather ")
+            && harmony.ends_with("\"<|call|>\"\n"),
+        "{harmony}"
+    );
     let xml = QWEN3_XML.grammar(&[&w], false, &lit);
     assert!(
         xml.contains("<function=get_weather>") && xml.contains("<parameter=days>"),
