@@ -7,10 +7,10 @@
 # Usage: gpu_check.sh STAGE OUT
 #   STAGE (scripts/gpu_stage.sh + gpu_unstage.sh make one) holds site/ (MLX unpacked) or mlx.whl
 #   (mlx-cuda-13, the version setup pins), model.gguf (the default model) and
-#   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden`, `few_rows_cuda`, `attention_cuda`,
+#   bin/ (mlxcel-daemon, mlxcel-cachemgr and the `golden`, `archs`, `few_rows_cuda`, `attention_cuda`,
 #   `table_attention_cuda`, `daemon_e2e`, `pipelined_decode` and `constrained_decode` test
 #   executables, as `cargo test --release --no-run --features mlxcel-daemon/cuda -p
-#   mlxcel-daemon --test golden --test few_rows_cuda --test attention_cuda --test
+#   mlxcel-daemon --test golden --test archs --test few_rows_cuda --test attention_cuda --test
 #   table_attention_cuda -p mlxcel-tests --test daemon_e2e --test pipelined_decode --test
 #   constrained_decode` built them). The test kit finds the
 #   binaries beside the test executable; the tests look for the checkout they were built in
@@ -58,6 +58,8 @@ printf '{"temperature": 0.2, "top_p": 0.9}\n' > "$BUILT_ROOT/models/SmolLM2-135M
 # first daemon start alone can take longer (SmolLM2's Q4_1 kernels: ~140 s).
 status=0
 "$STAGE/bin/golden" --test-threads 1 --nocapture > "$OUT/golden.log" 2>&1 || status=1
+# Each architecture against mlx_lm's reference, in float16 on the GPU (daemon/tests/archs.rs).
+"$STAGE/bin/archs" --test-threads 1 --nocapture > "$OUT/archs.log" 2>&1 || status=1
 "$STAGE/bin/few_rows_cuda" --test-threads 1 --nocapture > "$OUT/few_rows_cuda.log" 2>&1 || status=1
 "$STAGE/bin/attention_cuda" --test-threads 1 --nocapture > "$OUT/attention_cuda.log" 2>&1 || status=1
 "$STAGE/bin/table_attention_cuda" --test-threads 1 --nocapture > "$OUT/table_attention_cuda.log" 2>&1 || status=1
@@ -77,7 +79,8 @@ wait "$pid" 2>/dev/null
 "$STAGE/bin/daemon_e2e" --test-threads 1 > "$OUT/daemon_e2e.log" 2>&1 || status=1
 "$STAGE/bin/pipelined_decode" --test-threads 1 > "$OUT/pipelined_decode.log" 2>&1 || status=1
 "$STAGE/bin/constrained_decode" --test-threads 1 > "$OUT/constrained_decode.log" 2>&1 || status=1
-grep -h -E "^test |test result|golden: on|skipped" "$OUT"/golden.log "$OUT"/few_rows_cuda.log \
+grep -h -E "^test |test result|golden: on|skipped|on the GPU|tokens equal" "$OUT"/golden.log \
+  "$OUT"/archs.log "$OUT"/few_rows_cuda.log \
   "$OUT"/attention_cuda.log "$OUT"/table_attention_cuda.log \
   "$OUT"/daemon_e2e.log "$OUT"/pipelined_decode.log "$OUT"/constrained_decode.log
 grep -E "backend|warm|listening" "$OUT/daemon_startup.log" | head -5

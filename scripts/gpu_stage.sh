@@ -7,8 +7,8 @@
 # Usage: gpu_stage.sh CUDA_TREE [OUT]
 #   CUDA_TREE: a checkout set up with `MLXCEL_BACKEND=cuda bash scripts/setup.sh` and built
 #   there (`cargo build --release --bins`, `cargo build --release --benches -p mlxcel-daemon`,
-#   `cargo test --release --no-run --features mlxcel-daemon/cuda -p mlxcel-daemon --test golden --test few_rows_cuda
-#   --test attention_cuda --test table_attention_cuda -p mlxcel-tests --test daemon_e2e --test
+#   `cargo test --release --no-run --features mlxcel-daemon/cuda -p mlxcel-daemon --test golden --test archs --test
+#   few_rows_cuda --test attention_cuda --test table_attention_cuda -p mlxcel-tests --test daemon_e2e --test
 #   pipelined_decode --test constrained_decode`). OUT (default build/gpu-stage, ignored by git) gets
 #   p0/, p1/, ...: carry each as one call's `carry` path. PART_BYTES (default 58000000) bounds
 #   a part: the working tree travels with it and a call takes 64 MB in all. BENCH_ONLY=1 packs
@@ -42,7 +42,7 @@ rm -rf "$WORK/bin" && mkdir -p "$WORK/bin/bin" "$WORK/bin/tokenizer"
 for b in mlxcel-daemon mlxcel-frontend mlxcel-cachemgr mlxcelctl; do
   cp "$TREE/target/release/$b" "$WORK/bin/bin/"
 done
-tests="steps matmul_rows golden few_rows_cuda attention_cuda table_attention_cuda daemon_e2e pipelined_decode constrained_decode"
+tests="steps matmul_rows golden archs few_rows_cuda attention_cuda table_attention_cuda daemon_e2e pipelined_decode constrained_decode"
 [ "${BENCH_ONLY:-0}" = 1 ] && tests="steps matmul_rows ${EXTRA_TESTS:-}"
 for t in $tests; do
   f="$(newest "$t")"
