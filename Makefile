@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SOCKET_DIR ?=
 
-.PHONY: check-macos check-cuda setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-constrained bench-agent bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
+.PHONY: check-macos check-cuda setup test-setup bench-setup serve test lint build fuzz bench bench-load bench-footprint bench-throughput bench-constrained bench-agent bench-families bench-ipc bench-cachemgr bench-engine bench-serving goldens clean
 
 setup:
 	bash scripts/setup.sh
@@ -46,7 +46,7 @@ build: setup
 	$(CARGO) build --release --workspace --bins
 
 ## bench: measured figures (not tests).
-bench: bench-cachemgr bench-engine bench-serving bench-load bench-ipc bench-footprint bench-throughput bench-constrained bench-agent
+bench: bench-cachemgr bench-engine bench-serving bench-load bench-ipc bench-footprint bench-throughput bench-constrained bench-agent bench-families
 
 bench-cachemgr:
 	$(CARGO) bench -p mlxcel-cachemgr --bench roundtrip
@@ -58,12 +58,14 @@ bench-serving: setup
 	$(CARGO) build --release --workspace --bins
 	$(CARGO) bench -p mlxcel-daemon --bench serving
 
-## goldens: regenerate the golden fixtures: the engine's (builds llama-cpp-python, ~5 min) and
-## the chat templates' with tools (Hugging Face's renderer, from the bench venv).
+## goldens: regenerate the golden fixtures: the engine's (builds llama-cpp-python, ~5 min), the
+## chat templates' with tools (Hugging Face's renderer, from the bench venv) and each
+## architecture's against mlx_lm's own classes on random weights.
 goldens: bench-setup
 	.venv/bin/python -m pip install -q llama-cpp-python==0.3.36 jinja2 gguf numpy
 	.venv/bin/python scripts/make_goldens.py
 	.venv/bin/python scripts/make_goldens.py --templates
+	.venv/bin/python scripts/make_arch_goldens.py
 
 clean:
 	$(CARGO) clean
@@ -109,6 +111,11 @@ bench-constrained: bench-setup
 ## beside mlx_lm.server's TTFT on the same conversation (bench/agent_loop.py).
 bench-agent: bench-setup
 	.venv/bin/python bench/agent_loop.py --out $(RESULTS)
+
+## bench-families: each family beyond Llama (Qwen3-MoE, gpt-oss, Gemma 3) on a random-weight
+## model made with mlx_lm's classes, mlxcel vs mlx_lm.server: tok/s at 1 and 8 clients, RSS.
+bench-families: bench-setup
+	.venv/bin/python bench/families.py --out $(RESULTS)
 
 ## bench-ipc: the same request through the full stack and straight to the daemon socket.
 bench-ipc: setup
