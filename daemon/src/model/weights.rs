@@ -77,29 +77,52 @@ impl Weights {
     /// later (dequantized, cast, joined) does not keep the file's tensor alive beside it.
     pub fn linear(&mut self, name: &str, backend: &dyn Backend) -> Result<Linear> {
         let linear = self.linear_of(name, backend)?;
+        self.take_out(name);
+        Ok(linear)
+    }
+
+    /// Drops layer `name`'s tensors (what was made of them holds what it needs).
+    fn take_out(&mut self, name: &str) {
         for key in ["weight", "scales", "biases", "bias"] {
             self.tensors.remove(&format!("{name}.{key}"));
         }
         self.tensors.remove(name);
-        Ok(linear)
+    }
+
+    /// Layer `name`'s packed weight and format where the placement keeps it quantized, affine
+    /// scales and biases cast to the placement's dtype (float modes' u8 scales stay as stored).
+    fn kept_quantized(&self, name: &str, backend: &dyn Backend) -> Result<Option<(Array, Format)>> {
+        let placement = backend.placement();
+        if !placement.keep_quantized {
+            return Ok(None);
+        }
+        let Some(mut format) = self.quantization(name)? else {
+            return Ok(None);
+        };
+        let w = self
+            .tensors
+            .get(&format!("{name}.weight"))
+            .ok_or_else(|| self.missing(name))?;
+        if format.mode == Mode::Affine {
+            format.scales = cast(&format.scales, placement.dtype)?;
+            format.biases = (format.biases.as_ref())
+                .map(|b| cast(b, placement.dtype))
+                .transpose()?;
+        }
+        Ok(Some((w.clone(), format)))
     }
 
     fn linear_of(&self, name: &str, backend: &dyn Backend) -> Result<Linear> {
         let placement = backend.placement();
         let bias = self.vector(&format!("{name}.bias"), placement.dtype)?;
         // The backends' quantized matmuls are affine; other modes are dequantized here.
-        if placement.keep_quantized
-            && let Some(format) = self.quantization(name)?
-            && let (Mode::Affine, Some(biases)) = (format.mode, &format.biases)
+        if let Some((w, format)) = self.kept_quantized(name, backend)?
+            && let (Mode::Affine, Some(biases)) = (format.mode, format.biases)
         {
-            let w = self
-                .tensors
-                .get(&format!("{name}.weight"))
-                .ok_or_else(|| self.missing(name))?;
             return Ok(Linear::Quantized {
-                w: w.clone(),
-                scales: cast(&format.scales, placement.dtype)?,
-                biases: cast(biases, placement.dtype)?,
+                w,
+                scales: format.scales,
+                biases,
                 group_size: format.group_size,
                 bits: format.bits,
                 bias,
@@ -135,25 +158,8 @@ impl Weights {
                 wt: stacked.swap_axes(-1, -2)?,
                 bias,
             }
-        } else if placement.keep_quantized
-            && let Some(mut format) = self.quantization(name)?
-        {
-            let w = self
-                .tensors
-                .get(&format!("{name}.weight"))
-                .ok_or_else(|| self.missing(name))?;
-            if format.mode == Mode::Affine {
-                format.scales = cast(&format.scales, placement.dtype)?;
-                format.biases = format
-                    .biases
-                    .map(|b| cast(&b, placement.dtype))
-                    .transpose()?;
-            }
-            Experts::Quantized {
-                w: w.clone(),
-                format,
-                bias,
-            }
+        } else if let Some((w, format)) = self.kept_quantized(name, backend)? {
+            Experts::Quantized { w, format, bias }
         } else {
             let w = self.dense(name, placement.dtype)?;
             w.eval()?;
@@ -162,9 +168,7 @@ impl Weights {
                 bias,
             }
         };
-        for key in ["weight", "scales", "biases", "bias"] {
-            self.tensors.remove(&format!("{name}.{key}"));
-        }
+        self.take_out(name);
         Ok(out)
     }
 
